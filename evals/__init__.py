@@ -1,0 +1,1 @@
+"""Evaluation suite: datasets, eval runner, reports, benchmarks."""

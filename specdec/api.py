@@ -1,0 +1,170 @@
+"""The user-facing Python API: load a verifier and a drafter by name, run prompts, write results.
+
+from specdec.api import load_verifier, load_drafter, run
+v = load_verifier("stub")
+result = run(v, ["Hello"], drafter=load_drafter("prompt-lookup", verifier=v), out="result.json")
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.engine import DecodeConfig, generate
+from specdec.protocols import Drafter, Verifier
+from specdec.records import (
+    JsonlWriter,
+    PromptResult,
+    atomic_write_json,
+    check_output_path,
+    run_json,
+    summarize,
+)
+
+RUNTIMES = ("stub", "hf", "mlx")
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def load_verifier(
+    runtime: str, model: str | None = None, *, dtype: str = "float32", device: str = "cpu"
+) -> Verifier:
+    """`runtime` is "stub", "hf" or "mlx"; `model` a short name (smollm2-135m, gemma3-270m), a local HF
+    folder, or (mlx) an mlx-community repo id."""
+    if runtime == "stub":
+        from specdec.verifiers.stub import StubVerifier
+
+        return StubVerifier(dtype=torch_dtype(dtype))
+    if model is None:
+        raise ValueError(f"--model is required for the {runtime!r} verifier")
+    if runtime == "hf":
+        from specdec.models import resolve_model
+        from specdec.verifiers.hf import HFVerifier
+
+        return HFVerifier(resolve_model(model), dtype=torch_dtype(dtype), device=device)
+    if runtime == "mlx":
+        from specdec.models import resolve_model
+        from specdec.verifiers.mlx import MLXVerifier
+
+        return MLXVerifier(resolve_model(model), dtype=dtype)
+    raise ValueError(f"unknown verifier runtime {runtime!r}; choose one of {RUNTIMES}")
+
+
+def load_drafter(
+    spec: str | None, *, verifier: Verifier, block_size: int = 16, device: str = "cpu", dtype: str = "float32"
+) -> Drafter | None:
+    """`spec`: None/"none" (autoregressive), "prompt-lookup", or a folder with a DFlash checkpoint."""
+    if spec in (None, "none"):
+        return None
+    if spec == "prompt-lookup":
+        from specdec.ngram import PromptLookupDrafter
+
+        drafter: Drafter = PromptLookupDrafter(block_size=block_size)
+    else:
+        path = Path(spec)
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"drafter {spec!r}: expected 'none', 'prompt-lookup' or a DFlash checkpoint folder"
+            )
+        from specdec.dflash import DFlashDrafter
+
+        drafter = DFlashDrafter.from_pretrained(path, device=device, dtype=torch_dtype(dtype))
+    drafter.bind(verifier)
+    return drafter
+
+
+def encode_prompt(verifier: Verifier, prompt: str | Sequence[int] | list[dict[str, str]]) -> list[int]:
+    """Text, chat messages ([{"role", "content"}], through the chat template) or token ids."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+        tok = verifier.tokenizer
+        if tok is None:
+            raise ValueError(f"verifier {verifier.model_name!r} has no tokenizer: pass token ids")
+        if isinstance(prompt, str):
+            return tok.encode(prompt)
+        if not hasattr(tok, "apply_chat_template"):
+            raise ValueError(f"the tokenizer of {verifier.model_name!r} has no chat template")
+        ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return [int(t) for t in prompt]
+
+
+def run_config(
+    verifier: Verifier, drafter: Drafter | None, cfg: DecodeConfig, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "verifier": {"runtime": verifier.runtime, "model": verifier.model_name, "dtype": verifier.dtype},
+        "drafter": None
+        if drafter is None
+        else {
+            "name": drafter.name,
+            "block_size": drafter.block_size,
+            "target_layer_ids": list(drafter.target_layer_ids),
+            "path": getattr(drafter, "path", None),
+        },
+        "block_size": cfg.block_size if drafter is not None else 1,
+        "temperature": 0.0,
+        "seed": 0,
+        "max_new_tokens": cfg.max_new_tokens,
+        "decode": {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in asdict(cfg).items()},
+        **extra,
+    }
+
+
+def run(
+    verifier: Verifier,
+    prompts: Sequence[str | Sequence[int] | list[dict[str, str]]],
+    *,
+    drafter: Drafter | None = None,
+    cfg: DecodeConfig | None = None,
+    out: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    config_extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Decode every prompt; steps stream to `<out>.steps.jsonl`, the result JSON lands atomically at `out`."""
+    cfg = cfg or DecodeConfig()
+    out_path = check_output_path(out) if out is not None else None
+    encoded = [encode_prompt(verifier, p) for p in prompts]
+    jsonl = JsonlWriter(out_path.with_suffix(".steps.jsonl")) if out_path else None
+    results: list[PromptResult] = []
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=len(encoded), desc="prompts", disable=not progress or len(encoded) < 2, file=sys.stderr
+        )
+        for i, ids in enumerate(encoded):
+            results.append(generate(verifier, ids, drafter=drafter, cfg=cfg, prompt_id=str(i), jsonl=jsonl))
+            tau = summarize(results)["acceptance_length_mean"]
+            bar.set_postfix(tau=f"{tau:.2f}" if tau else "-")
+            bar.update()
+        bar.close()
+    finally:
+        if jsonl:
+            jsonl.close()
+    device = str(drafter.device) if drafter is not None else "cpu"
+    result = run_json(
+        config=run_config(verifier, drafter, cfg, **(config_extra or {})), results=results, device=device
+    )
+    if out_path:
+        atomic_write_json(out_path, result)
+    return result

@@ -1,0 +1,193 @@
+"""The decode loop: exact greedy speculative decoding, one generator of step records.
+
+Each step feeds `[last, *draft]` to the verifier in one call, accepts drafts while they equal the
+verifier's own token at that position, commits the accepted drafts plus the verifier's next token
+(the bonus), rolls the verifier cache back past the rejected part, and hands the drafter the features
+of exactly the committed positions. With no drafter (or block_size 1) the same loop is plain
+autoregressive decoding: the baseline that speedups are measured against.
+
+Timers are honest without explicit device syncs: every phase ends in a host-side value that depends on
+all of its device work (`list[int]` from propose/verify; the bridge materialises the feature slice).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec.memory import unmeasured
+from specdec.protocols import Drafter, Verifier, check_compatible
+from specdec.records import JsonlWriter, PromptResult, StepRecord
+
+_NO_DRAFTER = unmeasured("no drafter in this run")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeConfig:
+    max_new_tokens: int = 256
+    block_size: int = 16  # 1 = autoregressive baseline
+    stop_token_ids: frozenset[int] | None = None  # None: the verifier's EOS ids
+    max_context: int | None = None  # None: the verifier's limit
+
+
+def n_accepted(draft: Sequence[int], target: Sequence[int]) -> int:
+    """Length of the prefix of `draft` equal to the verifier's tokens at the same positions."""
+    n = 0
+    for d, t in zip(draft, target):
+        if d != t:
+            break
+        n += 1
+    return n
+
+
+def check_request(
+    verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None, cfg: DecodeConfig
+) -> None:
+    """Every error a user can cause, raised before any work is done."""
+    if len(prompt) == 0:
+        raise ValueError("empty prompt: give at least one token")
+    if cfg.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    if cfg.block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {cfg.block_size}")
+    bad = [t for t in prompt if not 0 <= t < verifier.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary 0..{verifier.vocab_size - 1}")
+    limit = min(verifier.max_context, cfg.max_context or verifier.max_context)
+    if len(prompt) >= limit:
+        raise ValueError(
+            f"prompt of {len(prompt)} tokens leaves no room in the context of {limit} positions "
+            f"of {verifier.model_name!r}; shorten it"
+        )
+    if drafter is not None:
+        check_compatible(verifier, drafter)
+        if cfg.block_size > drafter.block_size:
+            raise ValueError(
+                f"block_size {cfg.block_size} exceeds the drafter's block size {drafter.block_size}"
+            )
+
+
+def _features(verifier: Verifier, drafter: Drafter, n: int) -> torch.Tensor:
+    if not drafter.target_layer_ids:  # a drafter that needs no features (prompt lookup, tests)
+        return torch.empty(n, 0, device=drafter.device, dtype=drafter.dtype)
+    return verifier.features(n, device=drafter.device, dtype=drafter.dtype)
+
+
+def decode(
+    verifier: Verifier, prompt: Sequence[int], *, drafter: Drafter | None = None, cfg: DecodeConfig
+) -> Iterator[StepRecord]:
+    """Yield the prefill record, then one record per decode step, the last with `finish_reason`."""
+    check_request(verifier, prompt, drafter, cfg)
+    if cfg.block_size == 1:
+        drafter = None
+    stops = cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids
+    limit = min(verifier.max_context, cfg.max_context or verifier.max_context)
+    clock = time.perf_counter
+    vprobe = verifier.memory_probe()
+    dprobe = drafter.memory_probe() if drafter else None
+    verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
+    verifier.reset()
+    if drafter:
+        drafter.reset()
+
+    def finish(committed: list[int], n_out: int) -> tuple[list[int], str | None]:
+        for i, t in enumerate(committed):
+            if t in stops:
+                return committed[: i + 1], "stop"
+            if n_out + i + 1 >= cfg.max_new_tokens:
+                return committed[: i + 1], "length"
+        return committed, None
+
+    # prefill: the whole prompt in one call; its last logits give the first token
+    t0 = clock()
+    vprobe.reset()
+    token = verifier.prefill(prompt)
+    t1 = clock()
+    vmem = vprobe.read()
+    draft_s = bridge_s = 0.0
+    dmem = _NO_DRAFTER
+    out, reason = finish([token], 0)
+    if drafter and reason is None:
+        feats = _features(verifier, drafter, len(prompt))  # [P, K*H]
+        t2 = clock()
+        dprobe.reset()
+        drafter.extend(feats, prompt)
+        dmem = dprobe.read()
+        draft_s, bridge_s = clock() - t2, t2 - t1
+    step_s = clock() - t0
+    yield StepRecord(
+        index=0, phase="prefill", drafted=0, accepted=0, acceptance_length=1, tokens=out,
+        draft_s=draft_s, verify_s=t1 - t0, bridge_s=bridge_s, other_s=step_s - draft_s - (t1 - t0) - bridge_s,
+        step_s=step_s, peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason,
+    )  # fmt: skip
+
+    index, n_out = 0, len(out)
+    while reason is None:
+        index += 1
+        room = limit - verifier.position  # >= 1: a step that filled the context finished the run
+        # drafts past what max_new_tokens or the context can still take would be wasted work
+        k = min(cfg.block_size - 1, cfg.max_new_tokens - n_out - 1, room - 1) if drafter else 0
+        t0 = clock()
+        if k > 0:
+            dprobe.reset()
+            draft = drafter.propose(token, k)
+            assert len(draft) <= k, f"drafter {drafter.name!r} proposed {len(draft)} > {k} tokens"
+            dmem = dprobe.read()
+        else:
+            draft, dmem = [], _NO_DRAFTER
+        t1 = clock()
+        vprobe.reset()
+        target = verifier.verify([token, *draft])  # [k+1]: the verifier's token after each input
+        vmem = vprobe.read()
+        t2 = clock()
+        a = n_accepted(draft, target)
+        verifier.rollback(len(draft) - a)
+        committed, reason = finish([*draft[:a], target[a]], n_out)
+        if reason is None and verifier.position >= limit:
+            reason = "context"
+        t3 = t4 = clock()
+        if drafter and reason is None:
+            feats = _features(verifier, drafter, a + 1)  # [a+1, K*H]
+            t4 = clock()
+            drafter.extend(feats, [token, *draft[:a]])
+        t5 = clock()
+        draft_s, verify_s, bridge_s = (t1 - t0) + (t5 - t4), t2 - t1, t4 - t3
+        yield StepRecord(
+            index=index, phase="decode", drafted=len(draft), accepted=a, acceptance_length=a + 1,
+            tokens=committed, draft_s=draft_s, verify_s=verify_s, bridge_s=bridge_s,
+            other_s=(t5 - t0) - draft_s - verify_s - bridge_s, step_s=t5 - t0,
+            peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason,
+        )  # fmt: skip
+        n_out += len(committed)
+        token = committed[-1]
+
+
+def generate(
+    verifier: Verifier,
+    prompt: Sequence[int],
+    *,
+    drafter: Drafter | None = None,
+    cfg: DecodeConfig | None = None,
+    prompt_id: str = "0",
+    jsonl: JsonlWriter | None = None,
+) -> PromptResult:
+    """Run `decode` to the end and collect a PromptResult (steps also appended to `jsonl`)."""
+    cfg = cfg or DecodeConfig()
+    steps: list[StepRecord] = []
+    for step in decode(verifier, prompt, drafter=drafter, cfg=cfg):
+        steps.append(step)
+        if jsonl is not None:
+            jsonl.write({"prompt_id": prompt_id, **step.to_json()})
+    tokens = [t for s in steps for t in s.tokens]
+    tok = verifier.tokenizer
+    return PromptResult(
+        id=prompt_id,
+        prompt_tokens=len(prompt),
+        steps=steps,
+        output_tokens=tokens,
+        text=tok.decode(tokens) if tok is not None else None,
+        finish_reason=steps[-1].finish_reason or "stop",
+    )

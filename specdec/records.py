@@ -1,0 +1,219 @@
+"""Per-step records, run results, summary maths, and how they reach disk.
+
+Conventions (vLLM's): a step drafts `drafted` tokens, the verifier accepts the first `accepted` of
+them and adds one token of its own (the bonus), so `acceptance_length = accepted + 1` and the mean
+acceptance length tau includes the bonus. Throughput `tokens_per_s` counts tokens generated after the
+first one over the decode time (prefill and the first token are `ttft_s`). Unmeasured figures are
+`null` with a reason, never 0.
+
+Steps are appended to a `.jsonl` as they happen; the final JSON is written to a temporary file in the
+same directory and renamed over the target, so a crash never leaves a truncated or half-replaced result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TextIO
+
+from specdec.memory import max_record
+from specdec.protocols import MemoryRecord
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_PATH = Path(__file__).parent / "schema" / "result.schema.json"
+
+
+@dataclass(kw_only=True)
+class StepRecord:
+    """One decode step (or the prefill, `phase="prefill"`, which commits the first token)."""
+
+    index: int
+    phase: str  # "prefill" | "decode"
+    drafted: int
+    accepted: int
+    acceptance_length: int  # accepted + 1: the bonus token counts
+    tokens: list[int]  # committed this step, after cutting at stop tokens / max_new_tokens
+    draft_s: float
+    verify_s: float
+    bridge_s: float
+    other_s: float
+    step_s: float
+    peak_memory: dict[str, MemoryRecord]  # {"verifier": ..., "drafter": ...}
+    finish_reason: str | None = None  # set on the last step: "stop" | "length" | "context"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(kw_only=True)
+class PromptResult:
+    id: str
+    prompt_tokens: int
+    steps: list[StepRecord]
+    output_tokens: list[int]
+    text: str | None
+    finish_reason: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decode_steps(self) -> list[StepRecord]:
+        return [s for s in self.steps if s.phase == "decode"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "summary": summarize([self]),
+            "steps": [s.to_json() for s in self.steps],
+            **self.extra,
+        }
+
+
+def summarize(results: list[PromptResult], *, block_size: int | None = None) -> dict[str, Any]:
+    """Aggregate figures over prompts. Histogram index = number of drafts accepted in a step."""
+    steps = [s for r in results for s in r.decode_steps]
+    prefill = [s for r in results for s in r.steps if s.phase == "prefill"]
+    max_drafted = max([s.drafted for s in steps], default=0)
+    width = max(max_drafted, (block_size or 1) - 1) + 1
+    hist = [0] * width
+    for s in steps:
+        hist[s.accepted] += 1
+    # rate at draft position i (1-based): of the steps that drafted >= i tokens, how many accepted >= i
+    per_pos = []
+    for i in range(1, width):
+        n = sum(1 for s in steps if s.drafted >= i)
+        per_pos.append(sum(1 for s in steps if s.drafted >= i and s.accepted >= i) / n if n else None)
+    decode_s = sum(s.step_s for s in steps)
+    n_after_first = sum(len(s.tokens) for s in steps)
+    phases = {k: sum(getattr(s, f"{k}_s") for s in steps) for k in ("draft", "verify", "bridge", "other")}
+    return {
+        "n_prompts": len(results),
+        "n_steps": len(steps),
+        "n_output_tokens": sum(len(r.output_tokens) for r in results),
+        "acceptance_length_mean": (sum(s.acceptance_length for s in steps) / len(steps)) if steps else None,
+        "acceptance_histogram": hist,
+        "per_position_acceptance": per_pos,
+        "tokens_per_s": (n_after_first / decode_s) if decode_s > 0 and n_after_first else None,
+        "ttft_s": (sum(s.step_s for s in prefill) / len(prefill)) if prefill else None,
+        "decode_s": decode_s,
+        "time_share": {k: (v / decode_s if decode_s > 0 else None) for k, v in phases.items()},
+        "peak_memory_bytes_max": {
+            rt: max_record(s.peak_memory.get(rt) for s in [*prefill, *steps])
+            for rt in sorted({rt for s in [*prefill, *steps] for rt in s.peak_memory})
+        },
+    }
+
+
+def environment(device: str | None = None) -> dict[str, Any]:
+    """Where the run happened: platform, python and library versions, device."""
+    versions = {}
+    for pkg in ("specdec", "torch", "numpy", "mlx", "mlx-lm", "transformers"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "platform": platform.platform(),
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "versions": versions,
+        "device": device,
+    }
+
+
+def check_output_path(path: str | os.PathLike[str]) -> Path:
+    """Fail before any work if the result could not be written there."""
+    p = Path(path)
+    if not p.parent.is_dir():
+        raise ValueError(f"output directory {str(p.parent)!r} does not exist; create it first")
+    if p.is_dir():
+        raise ValueError(f"output path {str(p)!r} is a directory; give a file name such as result.json")
+    return p
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write JSON to a temp file beside `path`, fsync, then rename over it: all or nothing."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the result normal permissions
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class JsonlWriter:
+    """Appends one JSON object per line and flushes each, so a crash keeps every finished step."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._f: TextIO = open(self.path, "w")  # noqa: SIM115 - closed in close()
+
+    def write(self, obj: dict[str, Any]) -> None:
+        self._f.write(json.dumps(obj) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_json(
+    *,
+    config: dict[str, Any],
+    results: list[PromptResult],
+    device: str | None,
+    baseline: list[PromptResult] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The whole run's result JSON (see schema/result.schema.json)."""
+    summary = summarize(results, block_size=config.get("block_size"))
+    if baseline is not None:
+        base = summarize(baseline, block_size=1)
+        summary["baseline_tokens_per_s"] = base["tokens_per_s"]
+        ok = summary["tokens_per_s"] and base["tokens_per_s"]
+        summary["speedup"] = summary["tokens_per_s"] / base["tokens_per_s"] if ok else None
+    out = {
+        "schema_version": SCHEMA_VERSION,
+        "config": config,
+        "environment": environment(device),
+        "prompts": [r.to_json() for r in results],
+        "summary": summary,
+    }
+    if baseline is not None:
+        out["baseline"] = [r.to_json() for r in baseline]
+    if extra:
+        out.update(extra)
+    return out
+
+
+def validate(obj: dict[str, Any]) -> None:
+    """Validate a result against the shipped JSON Schema (needs `jsonschema`, a dev extra)."""
+    import jsonschema
+
+    jsonschema.validate(obj, json.loads(SCHEMA_PATH.read_text()))

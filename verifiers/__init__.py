@@ -1,0 +1,1 @@
+"""Verifiers, one module per runtime: `stub` (pure torch), `hf` (transformers), `mlx` (mlx_lm)."""

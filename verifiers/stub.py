@@ -1,0 +1,189 @@
+"""A real tiny causal transformer in plain torch, so the whole engine runs where neither mlx nor
+transformers is installed (CI, unit tests).
+
+Weights come from a fixed seed, so the model is the same on every machine. It has its own KV cache
+(a preallocated buffer plus a write position, as in gpt-fast: rollback only moves the position back and
+the rejected slots are overwritten later, so it is exact), captures decoder-layer outputs at chosen
+layers, and gives `embed_fn` / `lm_head_fn` built from its own weights. Tokens are bytes (0..255) plus
+BOS / EOS / PAD, so it can encode and decode any text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.memory import probe_for_module
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe
+
+BOS, EOS, PAD = 256, 257, 258
+
+
+@dataclass(frozen=True, kw_only=True)
+class StubConfig:
+    vocab_size: int = 259
+    hidden_size: int = 64
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 128
+    max_context: int = 2048
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+    seed: int = 0
+    logit_scale: float = 4.0  # sharp distributions: greedy near-ties are vanishingly rare in fp32
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens; BOS=256, EOS=257, PAD=258."""
+
+    bos_token_id, eos_token_id, pad_token_id = BOS, EOS, PAD
+
+    def encode(self, text: str) -> list[int]:
+        return [BOS, *text.encode("utf-8")]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE. x: [nh, T, hd], pos: [T]."""
+    hd = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
+    ang = pos.to(torch.float32)[:, None] * inv[None, :]  # [T, hd/2]
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class StubModel(nn.Module):
+    """Llama-shaped: pre-norm RMSNorm, MHA with RoPE, SiLU-gated MLP, untied head."""
+
+    def __init__(self, cfg: StubConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        g = torch.Generator().manual_seed(cfg.seed)
+        H, I, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+
+        def w(*shape: int, std: float) -> nn.Parameter:
+            return nn.Parameter(torch.randn(*shape, generator=g) * std, requires_grad=False)
+
+        self.embed = w(V, H, std=1.0)
+        self.layers = nn.ModuleList()
+        for _ in range(L):
+            layer = nn.Module()
+            layer.qkv = w(3 * H, H, std=H**-0.5)
+            layer.o = w(H, H, std=H**-0.5 / L**0.5)
+            layer.up = w(2 * I, H, std=H**-0.5)
+            layer.down = w(H, I, std=I**-0.5 / L**0.5)
+            layer.norm1 = nn.Parameter(torch.ones(H), requires_grad=False)
+            layer.norm2 = nn.Parameter(torch.ones(H), requires_grad=False)
+            self.layers.append(layer)
+        self.norm = nn.Parameter(torch.ones(H), requires_grad=False)
+        self.head = w(V, H, std=cfg.logit_scale * H**-0.5)
+
+
+class StubVerifier:
+    """Verifier protocol over `StubModel`, fp32 by default."""
+
+    runtime = "stub"
+
+    def __init__(self, cfg: StubConfig | None = None, *, dtype: torch.dtype = torch.float32) -> None:
+        self.cfg = cfg = cfg or StubConfig()
+        self.model = StubModel(cfg).to(dtype)
+        self.model_name = f"stub-h{cfg.hidden_size}-l{cfg.num_layers}-seed{cfg.seed}"
+        self.dtype = str(dtype).removeprefix("torch.")
+        self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
+        self.num_layers, self.max_context = cfg.num_layers, cfg.max_context
+        self.eos_token_ids = frozenset({EOS})
+        self.tokenizer = ByteTokenizer()
+        nh, hd = cfg.num_heads, cfg.hidden_size // cfg.num_heads
+        # [L, 2, nh, max_context, hd]: K and V per layer, written at [pos, pos+T)
+        self._kv = torch.zeros(cfg.num_layers, 2, nh, cfg.max_context, hd, dtype=dtype)
+        self._pos = 0
+        self._layer_ids: tuple[int, ...] = ()
+        self._captured: torch.Tensor | None = None  # [T, K*H] of the last call
+
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def set_target_layers(self, layer_ids: Sequence[int]) -> None:
+        bad = [i for i in layer_ids if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(
+                f"target layers {bad} out of range: {self.model_name} has 0..{self.num_layers - 1}"
+            )
+        self._layer_ids = tuple(layer_ids)
+
+    def check_rollback(self) -> None:
+        return None  # one plain KV buffer: always exact
+
+    def reset(self) -> None:
+        self._pos, self._captured = 0, None
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only)."""
+        cfg, T, p0 = self.cfg, len(tokens), self._pos
+        if p0 + T > cfg.max_context:
+            raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {cfg.max_context}")
+        nh, hd = cfg.num_heads, cfg.hidden_size // cfg.num_heads
+        ids = torch.tensor(tokens, dtype=torch.long)
+        pos = torch.arange(p0, p0 + T)
+        x = F.embedding(ids, self.model.embed)  # [T, H]
+        # causal over the cache: new query i sees cached positions <= p0 + i
+        mask = pos[:, None] >= torch.arange(p0 + T)[None, :]  # [T, p0+T]
+        captured: dict[int, torch.Tensor] = {}
+        for li, layer in enumerate(self.model.layers):
+            h = _rms_norm(x, layer.norm1, cfg.eps)
+            q, k, v = (h @ layer.qkv.T).view(T, 3, nh, hd).permute(1, 2, 0, 3)  # each [nh, T, hd]
+            q, k = _rope(q, pos, cfg.rope_theta), _rope(k, pos, cfg.rope_theta)
+            self._kv[li, 0, :, p0 : p0 + T] = k
+            self._kv[li, 1, :, p0 : p0 + T] = v
+            keys, vals = self._kv[li, 0, :, : p0 + T], self._kv[li, 1, :, : p0 + T]  # [nh, p0+T, hd]
+            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)  # [nh, T, hd]
+            x = x + att.transpose(0, 1).reshape(T, -1) @ layer.o.T
+            gate, up = (_rms_norm(x, layer.norm2, cfg.eps) @ layer.up.T).chunk(2, -1)
+            x = x + (F.silu(gate) * up) @ layer.down.T
+            if li in self._layer_ids:
+                captured[li] = x
+        self._pos = p0 + T
+        # [T, K*H], layers in the order asked for
+        self._captured = torch.cat([captured[i] for i in self._layer_ids], -1) if captured else None
+        x = x[-1:] if last_only else x
+        return _rms_norm(x, self.model.norm, cfg.eps) @ self.model.head.T  # [T, V]
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        return int(self.forward(tokens, last_only=True)[-1].argmax())
+
+    def verify(self, tokens: Sequence[int]) -> list[int]:
+        return self.forward(tokens).argmax(-1).tolist()
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self._pos:
+            raise ValueError(f"cannot roll back {n} of {self._pos} cached positions")
+        self._pos -= n
+
+    def features(self, n: int, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        if self._captured is None:
+            raise RuntimeError("no features captured: call set_target_layers() before prefill/verify")
+        return self._captured[:n].to(device=device, dtype=dtype)  # [n, K*H]
+
+    def embed_fn(self, *, device: torch.device, dtype: torch.dtype) -> EmbedFn:
+        weight = self.model.embed.detach().to(device=device, dtype=dtype)  # [V, H]
+        return lambda ids: F.embedding(ids, weight)
+
+    def lm_head_fn(self, *, device: torch.device, dtype: torch.dtype) -> LMHeadFn:
+        weight = self.model.head.detach().to(device=device, dtype=dtype)  # [V, H]
+        return lambda h: h @ weight.T
+
+    def memory_probe(self) -> MemoryProbe:
+        return probe_for_module(self.model)
