@@ -1,0 +1,345 @@
+"""DFlash drafter checkpoints in the public format (z-lab hub drafters, vLLM `dflash`, SGLang `DFLASH`).
+
+A checkpoint is a folder with `config.json` and `model.safetensors`. The config is a Qwen3 config plus
+`architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers` and
+`dflash_config: {mask_token_id, target_layer_ids}`; the weights use the names of `PUBLIC_PARAM_NAMES`.
+`load_config` / `load_state_dict` read that format and `save_checkpoint` writes exactly it, so a drafter
+trained here serves on vLLM / SGLang and a hub drafter loads here. Keys we do not use are kept in
+`DFlashConfig.extra` and written back unchanged. Only torch and safetensors are imported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+ARCHITECTURE = "DFlashDraftModel"
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+# config.json keys that DFlashConfig owns (everything else goes to `extra` and is written back as read)
+_OWNED = {
+    "architectures", "model_type", "block_size", "num_target_layers", "dflash_config", "hidden_size",
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+    "rms_norm_eps", "rope_theta", "rope_parameters", "max_position_embeddings", "vocab_size", "layer_types",
+    "sliding_window", "attention_bias", "is_causal", "hidden_act", "tie_word_embeddings",
+    "dtype", "torch_dtype",  # describes the stored weights: written from them on save
+}  # fmt: skip
+_REQUIRED = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+    "vocab_size", "num_target_layers",
+)  # fmt: skip
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """The public default: one target layer per draft layer, evenly spaced from 1 to L-3 (L//2 for one)."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, num_target_layers - 3
+    # Python's round (half to even) as in the public implementations, so the ids agree with theirs exactly
+    return tuple(round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DFlashConfig:
+    """Everything that shapes a DFlash drafter. `target_layer_ids` None means the public default."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    num_target_layers: int  # layers of the target model the drafter was built for
+    mask_token_id: int
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    block_size: int = 16
+    target_layer_ids: tuple[int, ...] | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    layer_types: tuple[str, ...] | None = None  # None: all full attention
+    sliding_window: int | None = None
+    attention_bias: bool = False
+    is_causal: bool = False  # causal inside the block; public DFlash drafters are non-causal
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # unused config.json keys, kept
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise once here so every reader sees complete values
+        if self.head_dim is None:
+            set_(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.target_layer_ids is None:
+            set_(
+                self,
+                "target_layer_ids",
+                default_target_layer_ids(self.num_target_layers, self.num_hidden_layers),
+            )
+        set_(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        if self.layer_types is None:
+            set_(self, "layer_types", (FULL,) * self.num_hidden_layers)
+        set_(self, "layer_types", tuple(self.layer_types))
+        self._validate()
+
+    def _validate(self) -> None:
+        problems = []
+        if self.num_attention_heads % self.num_key_value_heads:
+            problems.append(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.block_size < 2:
+            problems.append(f"block_size {self.block_size} < 2 proposes nothing")
+        if not self.target_layer_ids:
+            problems.append("target_layer_ids is empty")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            problems.append(
+                f"target_layer_ids {bad} outside 0..{self.num_target_layers - 1} (num_target_layers)"
+            )
+        if len(self.layer_types) != self.num_hidden_layers:
+            problems.append(
+                f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers"
+            )
+        unknown = sorted(set(self.layer_types) - {FULL, SLIDING})
+        if unknown:
+            problems.append(f"layer_types {unknown} unknown (expected {FULL!r} or {SLIDING!r})")
+        if SLIDING in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
+            problems.append(
+                f"sliding_attention layers need a positive sliding_window, got {self.sliding_window}"
+            )
+        if self.mask_token_id < 0:
+            problems.append(f"mask_token_id {self.mask_token_id} is negative")
+        if problems:
+            raise ValueError("invalid DFlash config: " + "; ".join(problems))
+
+    @property
+    def num_target_features(self) -> int:
+        """K: how many target layers are concatenated per position."""
+        return len(self.target_layer_ids)
+
+    @property
+    def feature_dim(self) -> int:
+        """K*H: width of one position's target features."""
+        return self.num_target_features * self.hidden_size
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], *, num_target_features: int | None = None) -> DFlashConfig:
+        """Parse a public-format config dict. `num_target_features` (K, e.g. from `fc.weight`) picks the
+        default layer ids when the config names none; without it the public default K = draft layers."""
+        missing = [k for k in _REQUIRED if k not in raw]
+        dflash = dict(raw.get("dflash_config") or {})
+        mask_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
+        if mask_id is None:
+            missing.append("dflash_config.mask_token_id")
+        if missing:
+            raise ValueError(f"DFlash config is missing {missing}")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"hidden_act {raw['hidden_act']!r} is not supported (DFlash drafters use 'silu')"
+            )
+        arch = raw.get("architectures")
+        if arch is not None and ARCHITECTURE not in arch:
+            raise ValueError(
+                f"config architectures {arch} do not include {ARCHITECTURE!r}: not a DFlash drafter"
+            )
+        rope = raw.get("rope_parameters") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = raw.get("rope_scaling")
+        if rope_type != "default" or (scaling and scaling.get("rope_type", scaling.get("type")) != "default"):
+            raise ValueError(
+                f"RoPE scaling {rope or scaling} is not supported by this drafter (only 'default')"
+            )
+        ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
+        if ids is None and num_target_features is not None:
+            ids = default_target_layer_ids(int(raw["num_target_layers"]), num_target_features)
+        theta = raw.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
+        extra = {k: v for k, v in raw.items() if k not in _OWNED}
+        extra_dflash = {
+            k: v for k, v in dflash.items() if k not in ("mask_token_id", "target_layer_ids", "block_size")
+        }
+        if extra_dflash:
+            extra["dflash_config"] = extra_dflash
+        return cls(
+            hidden_size=int(raw["hidden_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=int(raw["num_attention_heads"]),
+            num_key_value_heads=int(raw["num_key_value_heads"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            vocab_size=int(raw["vocab_size"]),
+            num_target_layers=int(raw["num_target_layers"]),
+            mask_token_id=int(mask_id),
+            head_dim=raw.get("head_dim"),
+            block_size=int(raw.get("block_size", dflash.get("block_size", 16))),
+            target_layer_ids=None if ids is None else tuple(ids),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 40960)),
+            layer_types=None if raw.get("layer_types") is None else tuple(raw["layer_types"]),
+            sliding_window=raw.get("sliding_window"),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            is_causal=bool(raw.get("is_causal", False)),
+            extra=extra,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The public config.json contents (both rope_theta spellings, for transformers 4 and 5 readers)."""
+        out = dict(self.extra)
+        extra_dflash = dict(out.pop("dflash_config", {}))
+        out.update(
+            architectures=[ARCHITECTURE],
+            model_type="qwen3",
+            block_size=self.block_size,
+            num_target_layers=self.num_target_layers,
+            dflash_config={
+                **extra_dflash,
+                "block_size": self.block_size,  # newer readers look here first, older ones at the top level
+                "mask_token_id": self.mask_token_id,
+                "target_layer_ids": list(self.target_layer_ids),
+            },
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"},
+            max_position_embeddings=self.max_position_embeddings,
+            vocab_size=self.vocab_size,
+            layer_types=list(self.layer_types),
+            sliding_window=self.sliding_window,
+            attention_bias=self.attention_bias,
+            is_causal=self.is_causal,
+        )
+        out.update(hidden_act="silu", tie_word_embeddings=False)  # no embedding of its own to tie
+        return dict(sorted(out.items()))
+
+
+def public_param_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    """Every public parameter name of a drafter with config `cfg`, with its shape."""
+    H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    nq, nkv = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (nq, H),
+            p + "self_attn.k_proj.weight": (nkv, H),
+            p + "self_attn.v_proj.weight": (nkv, H),
+            p + "self_attn.o_proj.weight": (H, nq),
+            p + "self_attn.q_norm.weight": (D,),
+            p + "self_attn.k_norm.weight": (D,),
+            p + "mlp.gate_proj.weight": (I, H),
+            p + "mlp.up_proj.weight": (I, H),
+            p + "mlp.down_proj.weight": (H, I),
+            p + "input_layernorm.weight": (H,),
+            p + "post_attention_layernorm.weight": (H,),
+        })  # fmt: skip
+        if cfg.attention_bias:
+            shapes.update({
+                p + "self_attn.q_proj.bias": (nq,),
+                p + "self_attn.k_proj.bias": (nkv,),
+                p + "self_attn.v_proj.bias": (nkv,),
+                p + "self_attn.o_proj.bias": (H,),
+            })  # fmt: skip
+    shapes.update({"fc.weight": (H, cfg.feature_dim), "hidden_norm.weight": (H,), "norm.weight": (H,)})
+    return shapes
+
+
+def _require(path: Path, name: str) -> Path:
+    if not path.is_dir():
+        raise FileNotFoundError(f"DFlash checkpoint folder {str(path)!r} does not exist or is not a folder")
+    f = path / name
+    if not f.is_file():
+        present = sorted(p.name for p in path.iterdir())
+        raise FileNotFoundError(f"DFlash checkpoint {str(path)!r} has no {name} (found: {present})")
+    return f
+
+
+def _fc_num_features(weights: Path, hidden_size: int) -> int | None:
+    """K from the shape of `fc.weight` [H, K*H], read from the safetensors header only."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as f:
+        if "fc.weight" not in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
+            return None
+        width = f.get_slice("fc.weight").get_shape()[1]
+    return width // hidden_size if width % hidden_size == 0 else None
+
+
+def load_config(path: str | Path) -> DFlashConfig:
+    """Read `config.json` of a public-format checkpoint folder."""
+    path = Path(path)
+    raw = json.loads(_require(path, CONFIG_NAME).read_text())
+    k = None
+    ids = (raw.get("dflash_config") or {}).get("target_layer_ids", raw.get("target_layer_ids"))
+    if ids is None and (path / WEIGHTS_NAME).is_file() and "hidden_size" in raw:
+        k = _fc_num_features(path / WEIGHTS_NAME, int(raw["hidden_size"]))  # K as trained, not a guess
+    return DFlashConfig.from_dict(raw, num_target_features=k)
+
+
+def check_state_dict(
+    cfg: DFlashConfig, state: Mapping[str, torch.Tensor], *, source: str = "state dict"
+) -> None:
+    """Raise ValueError naming missing / unexpected parameters and shape mismatches against `cfg`."""
+    want = public_param_shapes(cfg)
+    missing = sorted(set(want) - set(state))
+    unexpected = sorted(set(state) - set(want))
+    wrong = [
+        f"{k}: {tuple(state[k].shape)} (expected {want[k]})"
+        for k in sorted(set(want) & set(state))
+        if tuple(state[k].shape) != want[k]
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    if unexpected:
+        problems.append(
+            f"unexpected {len(unexpected)} weights: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        )
+    if wrong:
+        problems.append(f"shape mismatch: {wrong[:8]}")
+    if problems:
+        raise ValueError(f"{source} does not match the DFlash config: " + "; ".join(problems))
+
+
+def load_state_dict(path: str | Path, cfg: DFlashConfig | None = None) -> dict[str, torch.Tensor]:
+    """Read `model.safetensors` (CPU tensors, stored dtype) and check it against the config."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg = cfg or load_config(path)
+    weights = _require(path, WEIGHTS_NAME)
+    state = load_file(str(weights))
+    check_state_dict(cfg, state, source=str(weights))
+    return state
+
+
+def load_checkpoint(path: str | Path) -> tuple[DFlashConfig, dict[str, torch.Tensor]]:
+    """Config and checked weights of a public-format checkpoint folder."""
+    cfg = load_config(path)
+    return cfg, load_state_dict(path, cfg)
+
+
+def save_checkpoint(path: str | Path, cfg: DFlashConfig, state: Mapping[str, torch.Tensor]) -> Path:
+    """Write `config.json` + `model.safetensors` in the public format (weights checked first)."""
+    from safetensors.torch import save_file
+
+    check_state_dict(cfg, state)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    save_file(tensors, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+    raw = cfg.to_dict()
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) == 1:
+        raw["dtype"] = str(dtypes.pop()).removeprefix("torch.")
+    (path / CONFIG_NAME).write_text(json.dumps(dict(sorted(raw.items())), indent=2) + "\n")
+    return path

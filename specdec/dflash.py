@@ -1,0 +1,593 @@
+"""The PyTorch DFlash drafter: model, block proposer, and the `Drafter` adapter the engine talks to.
+
+DFlash (arXiv 2602.06036) drafts a whole block in one non-causal forward. The model is a few Qwen3-style
+decoder layers with no embedding and no LM head of its own: the block `[bonus, MASK x (bs-1)]` is embedded
+with the verifier's `embed_fn` and read out through its `lm_head_fn`. The verifier's features of the
+committed context (K chosen decoder-layer outputs, concatenated) are projected once,
+`hidden_norm(fc(features))`, and injected into every layer as extra keys/values (through that layer's
+k_proj/v_proj, k_norm and RoPE at the context positions); only block tokens make queries. Block position k
+predicts the token AT position k, so a block of 16 proposes 15 tokens.
+
+Inference keeps the context K/V of every layer in preallocated buffers with a length pointer (gpt-fast
+style): `extend` projects only the new positions, `rollback` moves the pointer back, and a proposal costs
+one forward over the block against the cached K/V. The only host sync of a proposal is the final
+`.tolist()` of the proposed ids. `DFlashDraftModel.forward_train` is the training-time forward over many
+anchor blocks of a sequence with the block-sparse mask (a block sees the context strictly before its
+anchor and its own block, never other blocks), processed `attn_chunk` anchors at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.checkpoint import SLIDING, DFlashConfig, check_state_dict, load_checkpoint, save_checkpoint
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord, check_compatible
+
+if TYPE_CHECKING:
+    from specdec.protocols import Verifier
+
+__all__ = [
+    "BlockProposal",
+    "DFlashCache",
+    "DFlashConfig",
+    "DFlashDraftModel",
+    "DFlashDrafter",
+    "DFlashProposer",
+    "load_state",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# building blocks
+
+
+class RMSNorm(nn.Module):
+    """Qwen3 RMSNorm: normalise in fp32, scale in the input dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [..., T, D] for positions [..., T] (angles in fp32, as HF Qwen3)."""
+    ang = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, D/2]
+    ang = torch.cat([ang, ang], dim=-1)  # [..., T, D]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x [B, nh, T, D]; cos/sin [B or 1, T, D]."""
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rot * sin[:, None]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """GQA attention without repeating K/V. q [B, Hq, Tq, D]; k, v [B, Hkv, S, D]; mask [B or 1, Tq, S]
+    bool (True = visible) or None. Returns [B, Hq, Tq, D].
+
+    Query heads h = j*g .. j*g+g-1 share kv head j, so they are folded into the query length of head j:
+    SDPA then runs on every backend (CPU/CUDA/MPS) with no copy of the context K/V.
+    """
+    B, Hq, Tq, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    q = q.reshape(B, Hkv, g * Tq, D)
+    if mask is not None:
+        mask = mask[:, None].expand(mask.shape[0], g, Tq, S).reshape(mask.shape[0], 1, g * Tq, S)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, Hkv, g*Tq, D]
+    return out.view(B, Hq, Tq, D)
+
+
+class DFlashAttention(nn.Module):
+    """Qwen3 GQA attention projections with per-head q_norm / k_norm (public parameter names)."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        H, D, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, D
+        self.q_proj = nn.Linear(H, self.n_heads * D, bias=bias)
+        self.k_proj = nn.Linear(H, self.n_kv_heads * D, bias=bias)
+        self.v_proj = nn.Linear(H, self.n_kv_heads * D, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * D, H, bias=bias)
+        self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
+
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [B, T, H] -> q [B, nh, T, D]."""
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)
+        return _apply_rope(q, cos, sin)
+
+    def key_value(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, H] -> k, v [B, nkv, T, D] (k normed and rotated)."""
+        B, T, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return _apply_rope(k, cos, sin), v
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        H, I = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(H, I, bias=False)
+        self.up_proj = nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+#: (block k, block v) [B, nkv, Tq, D] -> (keys, values) [B, nkv, S, D] the block attends to
+KVJoin = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class DFlashDecoderLayer(nn.Module):
+    """Pre-norm decoder layer whose queries are block tokens and whose keys add the injected context."""
+
+    def __init__(self, cfg: DFlashConfig, index: int) -> None:
+        super().__init__()
+        self.self_attn = DFlashAttention(cfg)
+        self.mlp = DFlashMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.sliding_window = cfg.sliding_window if cfg.layer_types[index] == SLIDING else None
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, join: KVJoin, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x [B, Tq, H] block hidden states -> [B, Tq, H]."""
+        B, Tq, _ = x.shape
+        h = self.input_layernorm(x)
+        q = self.self_attn.query(h, cos, sin)  # [B, nh, Tq, D]
+        keys, values = join(*self.self_attn.key_value(h, cos, sin))  # [B, nkv, S, D]
+        o = _attend(q, keys, values, mask).transpose(1, 2).reshape(B, Tq, -1)  # [B, Tq, nh*D]
+        x = x + self.self_attn.o_proj(o)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _visible(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None, causal: bool) -> torch.Tensor | None:
+    """Bool [..., Tq, S] of the window/causal rules for query positions [..., Tq] and key positions
+    [..., S]; None when everything is visible (lets SDPA take its unmasked path)."""
+    rel = qpos[..., :, None] - kpos[..., None, :]  # [..., Tq, S]
+    ok = None
+    if window is not None:
+        ok = rel.abs() < window  # non-causal window: the public reference also bounds keys after the query
+    if causal:
+        ok = rel >= 0 if ok is None else ok & (rel >= 0)
+    return ok
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the model
+
+
+class DFlashCache:
+    """Per-layer context K/V in preallocated buffers with a length pointer.
+
+    Buffers grow by doubling; `crop` only moves the pointer (rejected slots are overwritten later). The
+    slots past `length` are also the scratch space where a proposal writes its block K/V, so a proposal
+    attends to a view of one buffer instead of concatenating the context every step.
+    """
+
+    def __init__(
+        self, cfg: DFlashConfig, *, device: torch.device, dtype: torch.dtype, capacity: int = 256
+    ) -> None:
+        self.block_size = cfg.block_size
+        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max(capacity, cfg.block_size), cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, nkv, cap, D]
+        self.v = torch.zeros(shape, device=device, dtype=dtype)  # [L, nkv, cap, D]
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, n: int) -> None:
+        """Make room for `n` positions in total (context plus a block of scratch)."""
+        if n <= self.capacity:
+            return
+        cap = self.capacity
+        while cap < n:
+            cap *= 2
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_zeros((old.shape[0], old.shape[1], cap, old.shape[3]))
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop the drafter cache of {self.length} positions to {length}")
+        self.length = length
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+
+class DFlashDraftModel(nn.Module):
+    """DFlash drafter weights (public parameter names) and its two forwards: cached block inference and
+    the block-sparse training forward."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DFlashDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.fc = nn.Linear(cfg.feature_dim, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        D = cfg.head_dim
+        # [D/2] fp32, not a parameter of the public format: recomputed from rope_theta, kept out of
+        # state_dict and out of .to(dtype) casts (RoPE angles need fp32); follows the device lazily
+        self._inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [..., T, D] in the model dtype for positions [..., T]."""
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        return _rope_cos_sin(positions, self._inv_freq, self.dtype)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [..., K*H] -> injected context hidden states [..., H]."""
+        return self.hidden_norm(self.fc(features))
+
+    def context_kv(
+        self, ctx: torch.Tensor, positions: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer context (k, v) [B, nkv, T, D] of projected context ctx [B, T, H] at positions
+        [B or 1, T].
+
+        The context never passes through a layer's input norm or MLP: every layer sees the same `ctx`,
+        through its own k_proj/v_proj, k_norm and RoPE.
+        """
+        cos, sin = self.rope(positions)
+        return [layer.self_attn.key_value(ctx, cos, sin) for layer in self.layers]
+
+    # ---- inference -----------------------------------------------------------------------------------
+
+    def extend_cache(self, cache: DFlashCache, features: torch.Tensor) -> None:
+        """Append committed positions: features [n, K*H]."""
+        n, start = features.shape[0], cache.length
+        if n == 0:
+            return
+        cache.reserve(start + n + cache.block_size)
+        ctx = self.project(features.to(self.dtype)[None])  # [1, n, H]
+        positions = torch.arange(start, start + n, device=ctx.device)[None]  # [1, n]
+        for i, (k, v) in enumerate(self.context_kv(ctx, positions)):
+            cache.k[i, :, start : start + n] = k[0]
+            cache.v[i, :, start : start + n] = v[0]
+        cache.length = start + n
+
+    def forward_cached(self, cache: DFlashCache, block_embeds: torch.Tensor) -> torch.Tensor:
+        """Block hidden states after the final norm, [1, bs, H], for block_embeds [1, bs, H] at positions
+        cache.length .. cache.length+bs-1, attending to every cached context position (windowed layers:
+        the last `sliding_window`). The cache length does not change."""
+        cfg, start, bs = self.cfg, cache.length, block_embeds.shape[1]
+        cache.reserve(start + bs)
+        end = start + bs
+        qpos = torch.arange(start, end, device=block_embeds.device)  # [bs]
+        cos, sin = self.rope(qpos[None])  # [1, bs, D]
+        masks: dict[int | None, tuple[int, torch.Tensor | None]] = {}  # window -> (first key, mask)
+        x = block_embeds.to(self.dtype)
+        for i, layer in enumerate(self.layers):
+            w = layer.sliding_window
+            if w not in masks:
+                # a windowed layer never looks further back than start - w + 1: slice the keys there
+                lo = 0 if w is None else max(0, start - w + 1)
+                need = (w is not None and end - 1 - lo >= w) or cfg.is_causal
+                kpos = torch.arange(lo, end, device=qpos.device)
+                masks[w] = (lo, _visible(qpos, kpos, w, cfg.is_causal)[None] if need else None)
+            lo, mask = masks[w]
+
+            def join(k: torch.Tensor, v: torch.Tensor, i: int = i, lo: int = lo) -> tuple[torch.Tensor, ...]:
+                # block K/V go to the scratch slots after the context (not committed: length is unchanged)
+                cache.k[i, :, start:end] = k[0]
+                cache.v[i, :, start:end] = v[0]
+                return cache.k[i, None, :, lo:end], cache.v[i, None, :, lo:end]  # [1, nkv, S, D]
+
+            x = layer(x, cos, sin, join, mask)
+        return self.norm(x)
+
+    # ---- training ------------------------------------------------------------------------------------
+
+    def forward_train(
+        self,
+        features: torch.Tensor,
+        block_embeds: torch.Tensor,
+        anchors: torch.Tensor,
+        *,
+        attn_chunk: int | None = None,
+        head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """All anchor blocks of a batch of sequences in one call, with the block-sparse mask.
+
+        features [B, T, K*H] teacher-forced target features; block_embeds [B, A, bs, H] the embedded blocks
+        `[x_anchor, MASK...]`; anchors [B, A] positions (block a sits at a..a+bs-1 and sees context
+        positions < a plus its own block, never another block). Anchor blocks are processed `attn_chunk`
+        at a time (None: all at once) to bound the attention memory; `head` (e.g. the LM head) is applied
+        per chunk too. Returns head(hidden) or hidden [B, A, bs, H] after the final norm.
+        """
+        cfg = self.cfg
+        B, T, _ = features.shape
+        A, bs = anchors.shape[1], block_embeds.shape[2]
+        dev = features.device
+        ctx = self.project(features.to(self.dtype))  # [B, T, H]
+        ctx_pos = torch.arange(T, device=dev)  # [T]
+        ctx_kv = self.context_kv(ctx, ctx_pos[None])  # per layer [B, nkv, T, D]
+        chunk = attn_chunk or A
+        outs = []
+        for c0 in range(0, A, chunk):
+            anc = anchors[:, c0 : c0 + chunk]  # [B, C]
+            C = anc.shape[1]
+            qpos = (anc[:, :, None] + torch.arange(bs, device=dev)).reshape(B, C * bs)  # [B, C*bs]
+            block_of = torch.arange(C, device=dev).repeat_interleave(bs)  # [C*bs]
+            # context: strictly before the block's anchor; block keys: only its own block (bidirectional)
+            anc_q = anc.repeat_interleave(bs, dim=1)  # [B, C*bs]
+            m_ctx = ctx_pos[None, None, :] < anc_q[:, :, None]  # [B, C*bs, T]
+            m_blk = (block_of[:, None] == block_of[None, :]).expand(B, -1, -1)  # [B, C*bs, C*bs]
+            base = torch.cat([m_ctx, m_blk], dim=2)  # [B, C*bs, T + C*bs]
+            kpos = torch.cat([ctx_pos.expand(B, T), qpos], dim=1)  # [B, T + C*bs]
+            masks = {}
+            for w in {layer.sliding_window for layer in self.layers}:
+                extra = _visible(qpos, kpos, w, cfg.is_causal)  # window / causal rules on top
+                masks[w] = base if extra is None else base & extra
+            x = block_embeds[:, c0 : c0 + chunk].reshape(B, C * bs, -1).to(self.dtype)  # [B, C*bs, H]
+            cos, sin = self.rope(qpos)  # [B, C*bs, D]
+            for i, layer in enumerate(self.layers):
+
+                def join(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, ...]:
+                    ck, cv = ctx_kv[i]
+                    return torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2)  # [B, nkv, T + C*bs, D]
+
+                x = layer(x, cos, sin, join, masks[layer.sliding_window])
+            x = self.norm(x).view(B, C, bs, -1)  # [B, C, bs, H]
+            outs.append(head(x) if head is not None else x)
+        return torch.cat(outs, dim=1)
+
+    def train_logits(
+        self,
+        features: torch.Tensor,
+        input_ids: torch.Tensor,
+        anchors: torch.Tensor,
+        embed_fn: EmbedFn,
+        lm_head_fn: LMHeadFn,
+        *,
+        attn_chunk: int | None = None,
+    ) -> torch.Tensor:
+        """Block logits [B, A, bs, V] for anchors [B, A] of sequences input_ids [B, T] with features
+        [B, T, K*H]. Position k of the block for anchor a is trained on input_ids[a + k] (k >= 1)."""
+        bs, mask_id = self.cfg.block_size, self.cfg.mask_token_id
+        first = torch.gather(input_ids, 1, anchors)  # [B, A] the anchor tokens
+        ids = torch.full((*anchors.shape, bs), mask_id, dtype=input_ids.dtype, device=input_ids.device)
+        ids[:, :, 0] = first  # [B, A, bs]
+        return self.forward_train(features, embed_fn(ids), anchors, attn_chunk=attn_chunk, head=lm_head_fn)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# proposer
+
+
+@dataclass(frozen=True)
+class BlockProposal:
+    """One drafted block."""
+
+    tokens: list[int]
+    diffusion_steps: int  # denoising passes over the block (1 for DFlash)
+    forward_passes: int  # drafter forwards spent (1)
+    peak_activation_bytes: int | None  # allocator peak above what was held before the call; None: unmeasured
+    peak_memory: MemoryRecord | None  # the device probe's record around the call; None: not measured
+
+
+class DFlashProposer:
+    """Proposes blocks from a `DFlashDraftModel` and the verifier's embedding / LM head callbacks.
+
+    Owns the context cache: `extend(features)` after each commit, `rollback(n)`, `reset()`.
+    With `measure_memory` every proposal resets and reads the device's memory probe (costs a little).
+    """
+
+    def __init__(
+        self,
+        model: DFlashDraftModel,
+        embed_fn: EmbedFn,
+        lm_head_fn: LMHeadFn,
+        *,
+        measure_memory: bool = False,
+        capacity: int = 256,
+    ) -> None:
+        self.model, self.embed_fn, self.lm_head_fn = model, embed_fn, lm_head_fn
+        self.cfg = cfg = model.cfg
+        self.block_size = cfg.block_size
+        self.measure_memory = measure_memory
+        self.cache = DFlashCache(cfg, device=model.device, dtype=model.dtype, capacity=capacity)
+        # [bs] the block ids [bonus, MASK...]; only slot 0 changes per proposal
+        self._block_ids = torch.full(
+            (cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=model.device
+        )
+        self._probe: MemoryProbe | None = None
+
+    @property
+    def context_len(self) -> int:
+        return self.cache.length
+
+    def reset(self) -> None:
+        self.cache.crop(0)
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self.cache.length:
+            raise ValueError(f"cannot roll back {n} positions: the drafter holds {self.cache.length}")
+        self.cache.crop(self.cache.length - n)
+
+    @torch.inference_mode()
+    def extend(self, features: torch.Tensor) -> None:
+        """Append committed positions: features [n, K*H]."""
+        if features.dim() != 2 or features.shape[1] != self.cfg.feature_dim:
+            raise ValueError(
+                f"features must be [n, {self.cfg.feature_dim}] (K={self.cfg.num_target_features} x "
+                f"H={self.cfg.hidden_size}), got {list(features.shape)}"
+            )
+        self.model.extend_cache(self.cache, features.to(device=self.model.device))
+
+    @torch.inference_mode()
+    def block_logits(self, last_token: int, n: int) -> torch.Tensor:
+        """Logits [n, V] of block positions 1..n (mask token at -inf) with `last_token` at context_len."""
+        self._block_ids[0] = last_token  # a device-side fill: no host sync
+        emb = self.embed_fn(self._block_ids)[None]  # [1, bs, H]
+        hidden = self.model.forward_cached(self.cache, emb)  # [1, bs, H]
+        logits = self.lm_head_fn(hidden[0, 1 : n + 1])  # [n, V]
+        if self.cfg.mask_token_id < logits.shape[-1]:
+            logits[:, self.cfg.mask_token_id] = float("-inf")
+        return logits
+
+    def propose_block(self, last_token: int, n: int | None = None) -> BlockProposal:
+        """Greedy block: n tokens (default block_size - 1) to follow `last_token`.
+
+        Always runs the full block (what the model was trained on) and keeps the first n."""
+        n = self.block_size - 1 if n is None else n
+        if not 0 <= n < self.block_size:
+            raise ValueError(f"can propose 0..{self.block_size - 1} tokens per block, asked for {n}")
+        if n == 0:
+            return BlockProposal([], 0, 0, None, None)
+        dev = self.model.device
+        cuda = self.measure_memory and dev.type == "cuda"
+        if self.measure_memory:
+            self._probe = self._probe or self.memory_probe()
+            before = torch.cuda.memory_allocated(dev) if cuda else 0
+            self._probe.reset()
+        tokens = self.block_logits(last_token, n).argmax(dim=-1).tolist()  # the one sync of a proposal
+        peak_act, record = None, None
+        if self.measure_memory:
+            record = self._probe.read()
+            if cuda:
+                peak_act = int(torch.cuda.max_memory_allocated(dev)) - before
+        return BlockProposal(tokens, 1, 1, peak_act, record)
+
+    def memory_probe(self) -> MemoryProbe:
+        from specdec.memory import probe_for_module
+
+        return probe_for_module(self.model)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Drafter protocol adapter
+
+
+class DFlashDrafter:
+    """The `Drafter` protocol over a DFlash model. `bind(verifier)` before `extend` / `propose`."""
+
+    def __init__(
+        self, model: DFlashDraftModel, *, name: str = "dflash", measure_memory: bool = False
+    ) -> None:
+        cfg = model.cfg
+        self.model = model.eval()
+        self.cfg = cfg
+        self.name = name
+        self.block_size = cfg.block_size
+        self.target_layer_ids = tuple(cfg.target_layer_ids)
+        self.feature_dim = cfg.feature_dim
+        self.vocab_size: int | None = cfg.vocab_size
+        self.mask_token_id = cfg.mask_token_id
+        self.device, self.dtype = model.device, model.dtype
+        self.measure_memory = measure_memory
+        self.proposer: DFlashProposer | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> DFlashDrafter:
+        """Load a public-format checkpoint folder (config.json + model.safetensors)."""
+        cfg, state = load_checkpoint(path)
+        with torch.device("meta"):
+            model = DFlashDraftModel(cfg)
+        model.load_state_dict(state, strict=True, assign=True)  # names/shapes already checked
+        model = model.to(device=device, dtype=dtype)
+        return cls(model, name=Path(path).name)
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write this drafter's config + weights in the public format."""
+        return save_checkpoint(path, self.cfg, self.model.state_dict())
+
+    def _need(self) -> DFlashProposer:
+        if self.proposer is None:
+            raise RuntimeError(f"drafter {self.name!r} is not bound: call bind(verifier) first")
+        return self.proposer
+
+    @property
+    def context_len(self) -> int:
+        return 0 if self.proposer is None else self.proposer.context_len
+
+    def bind(self, verifier: Verifier) -> None:
+        check_compatible(verifier, self)
+        if self.cfg.num_target_layers != verifier.num_layers:
+            raise ValueError(
+                f"drafter {self.name!r} was built for a target with {self.cfg.num_target_layers} layers, the "
+                f"verifier {verifier.model_name!r} has {verifier.num_layers}: the drafter was built for "
+                "another model"
+            )
+        if self.mask_token_id >= verifier.vocab_size:
+            raise ValueError(
+                f"drafter {self.name!r} uses mask_token_id {self.mask_token_id}, outside the vocabulary "
+                f"(0..{verifier.vocab_size - 1}) of {verifier.model_name!r}: the drafter was built for "
+                "another model"
+            )
+        embed = verifier.embed_fn(device=self.device, dtype=self.dtype)
+        head = verifier.lm_head_fn(device=self.device, dtype=self.dtype)
+        self.bind_fns(embed, head)
+
+    def bind_fns(self, embed_fn: EmbedFn, lm_head_fn: LMHeadFn) -> None:
+        """Bind the embedding / LM head callbacks directly (no verifier checks)."""
+        self.proposer = DFlashProposer(self.model, embed_fn, lm_head_fn, measure_memory=self.measure_memory)
+
+    def reset(self) -> None:
+        if self.proposer is not None:
+            self.proposer.reset()
+
+    def extend(self, features: torch.Tensor, tokens: Sequence[int]) -> None:
+        if features.shape[0] != len(tokens):
+            raise ValueError(
+                f"extend got features for {features.shape[0]} positions but {len(tokens)} tokens"
+            )
+        self._need().extend(features)  # DFlash conditions on features only; the tokens are not needed
+
+    def propose(self, last_token: int, n: int) -> list[int]:
+        return self._need().propose_block(last_token, n).tokens
+
+    def rollback(self, n: int) -> None:
+        self._need().rollback(n)
+
+    def memory_probe(self) -> MemoryProbe:
+        from specdec.memory import probe_for_module
+
+        return probe_for_module(self.model)
+
+
+def load_state(model: DFlashDraftModel, state: dict[str, torch.Tensor]) -> None:
+    """Load public-format weights into `model` after checking names and shapes (clear errors)."""
+    check_state_dict(model.cfg, state)
+    model.load_state_dict(state, strict=True)
