@@ -578,6 +578,10 @@ class DFlashDrafter:
     def propose(self, last_token: int, n: int) -> list[int]:
         return self._need().propose_block(last_token, n).tokens
 
+    def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
+        """Logits [n, V] of the next n positions, for sampled proposals at temperature > 0."""
+        return self._need().block_logits(last_token, n)
+
     def rollback(self, n: int) -> None:
         self._need().rollback(n)
 

@@ -21,6 +21,7 @@ import torch
 from specdec.memory import unmeasured
 from specdec.protocols import Drafter, Verifier, check_compatible
 from specdec.records import JsonlWriter, PromptResult, StepRecord
+from specdec.sampling import Sampler, SamplingParams
 
 _NO_DRAFTER = unmeasured("no drafter in this run")
 
@@ -31,6 +32,7 @@ class DecodeConfig:
     block_size: int = 16  # 1 = autoregressive baseline
     stop_token_ids: frozenset[int] | None = None  # None: the verifier's EOS ids
     max_context: int | None = None  # None: the verifier's limit
+    sampling: SamplingParams | None = None  # None or temperature 0: greedy
 
 
 def n_accepted(draft: Sequence[int], target: Sequence[int]) -> int:
@@ -86,6 +88,9 @@ def decode(
     stops = cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids
     limit = min(verifier.max_context, cfg.max_context or verifier.max_context)
     clock = time.perf_counter
+    sp = cfg.sampling if cfg.sampling is not None and not cfg.sampling.greedy else None
+    sampler = Sampler(sp, limit) if sp else None
+    rule = sp.rule if sp else "greedy"
     vprobe = verifier.memory_probe()
     dprobe = drafter.memory_probe() if drafter else None
     verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
@@ -104,7 +109,8 @@ def decode(
     # prefill: the whole prompt in one call; its last logits give the first token
     t0 = clock()
     vprobe.reset()
-    token = verifier.prefill(prompt)
+    first = (lambda logits: [sampler.first(logits, len(prompt))]) if sampler else None
+    token = verifier.prefill(prompt, sample=first)
     t1 = clock()
     vmem = vprobe.read()
     draft_s = bridge_s = 0.0
@@ -121,7 +127,7 @@ def decode(
     yield StepRecord(
         index=0, phase="prefill", drafted=0, accepted=0, acceptance_length=1, tokens=out,
         draft_s=draft_s, verify_s=t1 - t0, bridge_s=bridge_s, other_s=step_s - draft_s - (t1 - t0) - bridge_s,
-        step_s=step_s, peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason,
+        step_s=step_s, peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
     )  # fmt: skip
 
     index, n_out = 0, len(out)
@@ -130,17 +136,23 @@ def decode(
         room = limit - verifier.position  # >= 1: a step that filled the context finished the run
         # drafts past what max_new_tokens or the context can still take would be wasted work
         k = min(cfg.block_size - 1, cfg.max_new_tokens - n_out - 1, room - 1) if drafter else 0
+        pos = verifier.position + 1  # absolute position of the first token this step decides
+        q = None  # the drafter's warped distribution [k, V] when drafts are sampled
         t0 = clock()
         if k > 0:
             dprobe.reset()
-            draft = drafter.propose(token, k)
+            if sampler and sp.proposal == "sample" and hasattr(drafter, "propose_logits"):
+                draft, q = sampler.propose(drafter.propose_logits(token, k), pos)
+            else:
+                draft = drafter.propose(token, k)
             assert len(draft) <= k, f"drafter {drafter.name!r} proposed {len(draft)} > {k} tokens"
             dmem = dprobe.read()
         else:
             draft, dmem = [], _NO_DRAFTER
         t1 = clock()
         vprobe.reset()
-        target = verifier.verify([token, *draft])  # [k+1]: the verifier's token after each input
+        check = (lambda logits: sampler.verify(logits, draft, q, pos)) if sampler else None  # noqa: B023
+        target = verifier.verify([token, *draft], sample=check)  # [k+1]: verifier's token after each input
         vmem = vprobe.read()
         t2 = clock()
         a = n_accepted(draft, target)
@@ -159,7 +171,8 @@ def decode(
             index=index, phase="decode", drafted=len(draft), accepted=a, acceptance_length=a + 1,
             tokens=committed, draft_s=draft_s, verify_s=verify_s, bridge_s=bridge_s,
             other_s=(t5 - t0) - draft_s - verify_s - bridge_s, step_s=t5 - t0,
-            peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason,
+            peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
+            residual_resamples=sampler.resampled if rule == "rejection" else None,
         )  # fmt: skip
         n_out += len(committed)
         token = committed[-1]

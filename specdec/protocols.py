@@ -28,6 +28,9 @@ EmbedFn = Callable[[torch.Tensor], torch.Tensor]
 #: hidden [..., H] -> logits [..., V], exactly as the verifier's head (final norm NOT included;
 #: soft-capping included where the model has it).
 LMHeadFn = Callable[[torch.Tensor], torch.Tensor]
+#: logits [T, V] (torch, any float dtype/device) -> the verifier's token at each of the T positions.
+#: Given at temperature > 0; the verifier calls it instead of taking the argmax.
+SampleFn = Callable[[torch.Tensor], list[int]]
 
 
 class MemoryProbe(Protocol):
@@ -73,12 +76,14 @@ class Verifier(Protocol):
 
     def reset(self) -> None: ...
 
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Append `tokens` to the cache; return the verifier's next token after the last one."""
+    def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
+        """Append `tokens` to the cache; return the verifier's next token after the last one
+        (argmax, or `sample(logits[1, V])[0]`)."""
         ...
 
-    def verify(self, tokens: Sequence[int]) -> list[int]:
-        """Append `tokens` in one forward; return the verifier's token after each of them."""
+    def verify(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> list[int]:
+        """Append `tokens` in one forward; return the verifier's token after each of them
+        (argmax, or `sample(logits[T, V])`)."""
         ...
 
     def rollback(self, n: int) -> None:

@@ -46,6 +46,8 @@ class StepRecord:
     step_s: float
     peak_memory: dict[str, MemoryRecord]  # {"verifier": ..., "drafter": ...}
     finish_reason: str | None = None  # set on the last step: "stop" | "length" | "context"
+    rule: str = "greedy"  # verification rule: "greedy" | "match" | "rejection"
+    residual_resamples: int | None = None  # rejection rule: tokens resampled from norm(max(0, p - q))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

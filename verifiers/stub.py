@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.memory import probe_for_module
-from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn
 
 BOS, EOS, PAD = 256, 257, 258
 
@@ -161,11 +161,13 @@ class StubVerifier:
         x = x[-1:] if last_only else x
         return _rms_norm(x, self.model.norm, cfg.eps) @ self.model.head.T  # [T, V]
 
-    def prefill(self, tokens: Sequence[int]) -> int:
-        return int(self.forward(tokens, last_only=True)[-1].argmax())
+    def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
+        logits = self.forward(tokens, last_only=True)  # [1, V]
+        return sample(logits)[0] if sample else int(logits[-1].argmax())
 
-    def verify(self, tokens: Sequence[int]) -> list[int]:
-        return self.forward(tokens).argmax(-1).tolist()
+    def verify(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> list[int]:
+        logits = self.forward(tokens)  # [T, V]
+        return sample(logits) if sample else logits.argmax(-1).tolist()
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._pos:
