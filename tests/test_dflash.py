@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from specdec.verifiers.stub import StubVerifier
 
 from specdec.checkpoint import FULL, SLIDING, DFlashConfig
 from specdec.dflash import BlockProposal, DFlashDrafter, DFlashDraftModel, DFlashProposer
 from specdec.engine import DecodeConfig, generate
 from specdec.protocols import Drafter
+from specdec.verifiers.stub import StubVerifier
 
 V, H = 97, 32
 MASK = 96

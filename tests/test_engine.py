@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from drafters import RandomDrafter, ScriptedDrafter, greedy_reference
-from specdec.verifiers.stub import StubConfig, StubVerifier
 
 from specdec.engine import DecodeConfig, generate, n_accepted
+from specdec.verifiers.stub import StubConfig, StubVerifier
 
 LAYERS = (0, 2, 3)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from drafters import ScriptedDrafter
-from specdec.verifiers.stub import StubConfig, StubVerifier
 
 from specdec.api import load_drafter, load_verifier, run
 from specdec.cli import main
 from specdec.engine import DecodeConfig, generate
+from specdec.verifiers.stub import StubConfig, StubVerifier
 
 
 @pytest.fixture

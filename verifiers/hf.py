@@ -1,0 +1,262 @@
+"""The Verifier protocol on a transformers causal LM (Llama, Gemma 3, and kin), batch 1.
+
+The KV cache is a transformers 5 `DynamicCache` built from the model's config, so Gemma's sliding layers
+get `DynamicSlidingWindowLayer`s exactly as `model.generate` does. Rollback is `cache.crop(-n)`; for the
+sliding layers it is exact past the window only because `activate_past_recording()` is switched on when
+the cache is made: each layer then keeps every position appended since its last crop, and the crop after a
+verify both drops the rejected positions and trims the layer back to `sliding_window - 1` entries. Hence
+a rollback may reach back at most over the positions appended since the previous rollback (all the engine
+ever needs); asking for more once a window is full raises instead of silently corrupting the cache.
+
+Features are the raw outputs of the chosen decoder layers (`model.model.layers[l]`, i.e. HF
+`hidden_states[l+1]`, and for the last layer the output *before* the final norm), captured by forward
+hooks that exist only while target layers are set, for exactly the positions of the last call.
+`prefill` computes the LM head on the last position only (`logits_to_keep=1`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specdec.memory import probe_for_module
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn
+
+__all__ = ["EXACT_ROLLBACK_LAYER_TYPES", "HFVerifier"]
+
+#: `config.layer_types` entries whose cache layer `crop` restores exactly (attention with a KV cache).
+EXACT_ROLLBACK_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+
+
+def _as_ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+class HFVerifier:
+    """Verifier on `AutoModelForCausalLM`: a model folder (or a loaded model), fp32 on CPU by default."""
+
+    runtime = "hf"
+
+    def __init__(
+        self,
+        model_path_or_model: str | Path | torch.nn.Module,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        tokenizer: Any = None,
+    ) -> None:
+        if isinstance(model_path_or_model, torch.nn.Module):
+            model = model_path_or_model.to(device=device, dtype=dtype)
+            path = getattr(model.config, "_name_or_path", "") or type(model).__name__
+        else:
+            path = str(model_path_or_model)
+            model = self._load(Path(path), dtype=dtype, device=device)
+            if tokenizer is None:
+                tokenizer = self._load_tokenizer(Path(path))
+        self.model = model.eval()
+        self.config = cfg = model.config.get_text_config(decoder=True)
+        base = getattr(model, "model", None)
+        layers = getattr(base, "layers", None)
+        if not isinstance(layers, torch.nn.ModuleList) or model.get_output_embeddings() is None:
+            raise ValueError(
+                f"unsupported architecture {type(model).__name__} (model_type {cfg.model_type!r}): "
+                "HFVerifier needs a decoder-only causal LM with `model.model.layers` and an LM head "
+                "(Llama, Gemma 3, ...)"
+            )
+        self._layers: torch.nn.ModuleList = layers
+        self.model_name = Path(path).name or path
+        self.dtype = str(dtype).removeprefix("torch.")
+        self.device = torch.device(device)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.hidden_size = int(cfg.hidden_size)
+        self.num_layers = len(layers)
+        self.max_context = int(getattr(cfg, "max_position_embeddings", None) or 2**31 - 1)
+        gen = getattr(model, "generation_config", None)
+        eos = _as_ids(getattr(cfg, "eos_token_id", None)) | _as_ids(getattr(gen, "eos_token_id", None))
+        self.eos_token_ids = frozenset(eos)
+        self.tokenizer = tokenizer
+        self._layer_ids: tuple[int, ...] = ()
+        self._hooks: list[Any] = []
+        self._captured: dict[int, torch.Tensor] = {}  # layer id -> [T, H] of the last call
+        self._weights: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+        self.reset()
+
+    # ---- loading -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _load(path: Path, *, dtype: torch.dtype, device: str | torch.device) -> torch.nn.Module:
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"model folder {str(path)!r} does not exist; give a local HF folder (with config.json) or "
+                "fetch one with specdec.models.fetch / resolve_model"
+            )
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{str(path)!r} has no config.json: it is not a transformers model folder"
+            )
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(path)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, config=config)
+        except ValueError as e:  # transformers' "Unrecognized configuration class ..."
+            raise ValueError(
+                f"unsupported architecture in {str(path)!r} (model_type {config.model_type!r}): "
+                f"AutoModelForCausalLM cannot load it ({e})"
+            ) from e
+        return model.to(device)
+
+    @staticmethod
+    def _load_tokenizer(path: Path) -> Any:
+        names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+        if not any((path / n).is_file() for n in names):
+            return None  # e.g. tiny random test models
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+
+    # ---- protocol ------------------------------------------------------------------------------------
+
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def set_target_layers(self, layer_ids: Sequence[int]) -> None:
+        bad = [i for i in layer_ids if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(
+                f"target layers {bad} out of range: {self.model_name} has 0..{self.num_layers - 1}"
+            )
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._captured = [], {}
+        self._layer_ids = tuple(layer_ids)
+        for i in sorted(set(self._layer_ids)):
+            self._hooks.append(self._layers[i].register_forward_hook(self._recorder(i)))
+
+    def _recorder(self, i: int):
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            out = output[0] if isinstance(output, tuple) else output  # [1, T, H]
+            self._captured[i] = out[0]
+
+        return hook
+
+    def check_rollback(self) -> None:
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+        types = list(getattr(self.config, "layer_types", None) or [])
+        bad = sorted({t for t in types if t not in EXACT_ROLLBACK_LAYER_TYPES})
+        if bad:
+            raise RuntimeError(
+                f"{self.model_name} ({self.config.model_type}) has layer types {bad} (recurrent / "
+                "linear-attention / SSM state) that a KV-cache crop cannot roll back exactly; speculative "
+                f"decoding needs attention-only models ({sorted(EXACT_ROLLBACK_LAYER_TYPES)})"
+            )
+        exact = (DynamicLayer, DynamicSlidingWindowLayer)
+        odd = sorted({type(la).__name__ for la in self._cache.layers if type(la) not in exact})
+        if odd:
+            raise RuntimeError(
+                f"{self.model_name} ({self.config.model_type}) uses cache layers {odd} that cannot be "
+                f"rolled back exactly; only {[c.__name__ for c in exact]} can"
+            )
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self._cache = DynamicCache(config=self.model.config)
+        # sliding layers keep what a verify appended until the crop that follows it (see module docstring)
+        self._cache.activate_past_recording()
+        self._pos = 0
+        self._since_crop = 0  # positions appended since the last crop: how far a rollback may reach
+        self._captured = {}
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only)."""
+        T = len(tokens)
+        if T == 0:
+            raise ValueError("no tokens to process")
+        if self._pos + T > self.max_context:
+            raise ValueError(
+                f"context overflow: {self._pos} cached + {T} new > max_context {self.max_context}"
+            )
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, T]
+        self._captured = {}
+        out = self.model(
+            input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=1 if last_only else 0
+        )
+        self._pos += T
+        self._since_crop += T
+        return out.logits[0]  # [T, V]
+
+    def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
+        logits = self.forward(tokens, last_only=True)  # [1, V]
+        return sample(logits)[0] if sample else int(logits[-1].argmax())
+
+    def verify(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> list[int]:
+        logits = self.forward(tokens)  # [T, V]
+        return sample(logits) if sample else logits.argmax(-1).tolist()
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self._pos:
+            raise ValueError(f"cannot roll back {n} of {self._pos} cached positions")
+        if n > self._since_crop and self._window_full():
+            raise ValueError(
+                f"cannot roll back {n} positions exactly: the sliding-window layers of {self.model_name} "
+                f"only keep the {self._since_crop} positions appended since the last rollback"
+            )
+        if n == 0 and self._since_crop == 0:
+            return  # nothing appended since the last crop (crop on a fresh cache would fail)
+        self._cache.crop(-n)  # crop(0) still trims the sliding layers back to their window
+        self._pos -= n
+        self._since_crop = 0
+
+    def _window_full(self) -> bool:
+        return any(
+            getattr(la, "is_sliding", False) and la.get_seq_length() >= la.sliding_window
+            for la in self._cache.layers
+        )
+
+    def features(self, n: int, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        if not self._layer_ids:
+            raise RuntimeError("no features captured: call set_target_layers() before prefill/verify")
+        if not self._captured:
+            raise RuntimeError("no features captured yet: call prefill() or verify() first")
+        # [n, K*H], layers in the order asked for
+        return torch.cat([self._captured[i][:n] for i in self._layer_ids], -1).to(device=device, dtype=dtype)
+
+    def _weight(self, w: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """`w` on device/dtype, converted once (a tied head and embedding share one copy)."""
+        key = (w.data_ptr(), torch.device(device), dtype)
+        if key not in self._weights:
+            self._weights[key] = w.detach().to(device=device, dtype=dtype)
+        return self._weights[key]
+
+    def embed_fn(self, *, device: torch.device, dtype: torch.dtype) -> EmbedFn:
+        emb = self.model.get_input_embeddings()
+        weight = self._weight(emb.weight, device, dtype)  # [V, H]
+        scale = getattr(emb, "embed_scale", None)  # Gemma: sqrt(H), applied in the model dtype
+        if scale is None:
+            return lambda ids: F.embedding(ids, weight)
+        s = scale.to(emb.weight.dtype).to(device=device, dtype=dtype)
+        return lambda ids: F.embedding(ids, weight) * s
+
+    def lm_head_fn(self, *, device: torch.device, dtype: torch.dtype) -> LMHeadFn:
+        head = self.model.get_output_embeddings()
+        weight = self._weight(head.weight, device, dtype)  # [V, H]; tied heads share the embedding
+        bias = None if head.bias is None else self._weight(head.bias, device, dtype)
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap is None:
+            return lambda h: F.linear(h, weight, bias)
+        return lambda h: torch.tanh(F.linear(h, weight, bias) / cap) * cap
+
+    def memory_probe(self) -> MemoryProbe:
+        return probe_for_module(self.model)
