@@ -64,8 +64,9 @@ def check_request(
             f"prompt of {len(prompt)} tokens leaves no room in the context of {limit} positions "
             f"of {verifier.model_name!r}; shorten it"
         )
-    if drafter is not None:
+    if drafter is not None and cfg.block_size > 1:
         check_compatible(verifier, drafter)
+        verifier.check_rollback()  # a model we cannot roll back exactly is refused before any work
         if cfg.block_size > drafter.block_size:
             raise ValueError(
                 f"block_size {cfg.block_size} exceeds the drafter's block size {drafter.block_size}"

@@ -1,0 +1,358 @@
+"""MLXVerifier: the Verifier protocol over an mlx_lm model (fp32/bf16/fp16 or quantized).
+
+Contract (beyond `specdec.protocols.Verifier`):
+- Loads with `mlx_lm.load` (or `mlx_lm.utils.load_model` with `tokenizer` None when the folder has no
+  tokenizer files), copying config fields that transformers 5 moved under `rope_parameters` (and Gemma 3's
+  `layer_types` pattern) to where mlx_lm reads them.
+- Hidden states: for the duration of a forward, the entries of `model.layers` at `target_layer_ids` are
+  replaced by transparent taps that record their output (element 0 of a tuple) and forward attribute
+  access; the list is restored afterwards, so the module tree is never changed between calls.
+- `prefill` runs the LM head on the last position only (the last decoder layer's output is sliced before
+  the final norm), in chunks of `prefill_chunk` tokens; `verify` runs one `model(ids[None], cache=...)`;
+  greedy argmax on the MLX side, `.tolist()` is the sync point.
+- Rollback is exact for every cache it builds, or refused: `check_rollback` raises RuntimeError naming the
+  cache types (recurrent / SSM caches, rotating caches of unverified architectures). Every rollback checks
+  that each layer's cache offset moved by exactly n.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import torch
+from mlx_lm.models.cache import ConcatenateKVCache, KVCache, RotatingKVCache, make_prompt_cache
+
+from specdec.bridges.mlx import (
+    dequantized_weight,
+    head_module,
+    make_embed_fn,
+    make_lm_head_fn,
+    text_model,
+    to_torch,
+)
+from specdec.memory import mlx_probe
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn
+
+__all__ = ["MLXVerifier", "config_fixes"]
+
+#: caches whose `trim(n)` only moves a write offset: rejected slots are overwritten by the next update
+_EXACT_CACHES = (KVCache, ConcatenateKVCache)
+
+#: Sliding-window rollback. A RotatingKVCache cannot be trimmed once its window has wrapped
+#: (`is_trimmable()` turns False and mlx_lm's `trim_prompt_cache` silently returns 0, mlx-lm #1423), and
+#: snapshotting it would mean copying every sliding layer's window on every verify (MLX slice-assignment
+#: rebinds the same array object, so a reference is not a snapshot). We give these architectures a plain
+#: KVCache on every layer instead: exact rollback by offset, at the cost of keeping the whole context in
+#: the sliding layers (memory O(context), as the global layers already do). This is only sound where the
+#: model builds the sliding-window mask from the window size rather than from the cache type; read in
+#: mlx_lm 0.32 for these types: both call `create_attention_mask(h, cache[i], window_size=W)`, which for
+#: a KVCache becomes `cache.make_mask(N, window_size=W)` -> `create_causal_mask(N, offset, window_size=W)`
+#: for every N, including single-token steps. Other architectures keep their RotatingKVCache and are
+#: refused by `check_rollback`.
+_WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text"})
+
+_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
+def _dtype_name(d: mx.Dtype) -> str:
+    return str(d).rsplit(".", 1)[-1]  # "mlx.core.float32" -> "float32"
+
+
+def config_fixes(config: dict[str, Any]) -> dict[str, Any]:
+    """Config fields mlx_lm needs at the top level that transformers 5 stores elsewhere (pass as
+    `model_config`). Without them mlx_lm silently uses its defaults (rope_theta 10000, window pattern 6)."""
+    fixes: dict[str, Any] = {}
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" not in config:
+        per_type = {k: v for k, v in rope.items() if isinstance(v, dict)}
+        full = per_type.get("full_attention", rope) if per_type else rope
+        if "rope_theta" in full:
+            fixes["rope_theta"] = full["rope_theta"]
+        if full.get("rope_type", "default") != "default" and config.get("rope_scaling") is None:
+            fixes["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
+        sliding = per_type.get("sliding_attention")
+        if sliding and "rope_theta" in sliding and "rope_local_base_freq" not in config:
+            fixes["rope_local_base_freq"] = sliding["rope_theta"]
+    types = config.get("layer_types")
+    if config.get("model_type") == "gemma3_text" and types and "sliding_window_pattern" not in config:
+        if "full_attention" not in types:
+            raise ValueError(
+                "gemma3_text config has no full_attention layer in layer_types; mlx_lm needs one"
+            )
+        p = types.index("full_attention") + 1
+        expect = ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(len(types))]
+        if list(types) != expect:
+            raise ValueError(
+                f"gemma3_text layer_types {types} are not periodic; mlx_lm's gemma3_text only supports a "
+                "fixed sliding_window_pattern"
+            )
+        fixes["sliding_window_pattern"] = p
+    return fixes
+
+
+class _Tap:
+    """Stands in for one decoder layer during a forward: records its output, optionally keeps only the
+    last position (for the LM head), and forwards attribute reads (`layer.use_sliding` etc.)."""
+
+    def __init__(self, layer: Any, store: dict[int, mx.array], slot: int | None, last_only: bool) -> None:
+        self.layer, self.store, self.slot, self.last_only = layer, store, slot, last_only
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.layer, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.layer(*args, **kwargs)
+        h = out[0] if isinstance(out, tuple) else out  # [1, T, H]
+        if self.slot is not None:
+            self.store[self.slot] = h
+        if not self.last_only:
+            return out
+        h = h[:, -1:, :]  # [1, 1, H]: what the final norm and LM head see
+        return (h, *out[1:]) if isinstance(out, tuple) else h
+
+
+class MLXVerifier:
+    """Verifier protocol over an mlx_lm model (see module docstring)."""
+
+    runtime = "mlx"
+
+    def __init__(
+        self,
+        path_or_repo: str | Path,
+        *,
+        dtype: str | None = None,
+        max_context: int | None = None,
+        prefill_chunk: int = 2048,
+    ) -> None:
+        import mlx_lm
+        from mlx_lm.utils import _download, load_model
+
+        path = _download(str(path_or_repo))  # local folders are returned as they are
+        config = json.loads((path / "config.json").read_text())
+        fixes = config_fixes(config)
+        tok_files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+        has_tokenizer = any((path / f).exists() for f in tok_files)
+        if has_tokenizer:
+            model, tokenizer, config = mlx_lm.load(str(path), model_config=fixes, return_config=True)
+        else:
+            model, config = load_model(path, model_config=fixes)
+            tokenizer = None
+        self._setup(model, config, tokenizer=tokenizer, name=str(path_or_repo), dtype=dtype,
+                    max_context=max_context, prefill_chunk=prefill_chunk)  # fmt: skip
+
+    @classmethod
+    def from_model(
+        cls,
+        model: nn.Module,
+        config: dict[str, Any],
+        *,
+        tokenizer: Any = None,
+        name: str = "in-memory",
+        dtype: str | None = None,
+        max_context: int | None = None,
+        prefill_chunk: int = 2048,
+    ) -> MLXVerifier:
+        """Wrap an already built mlx_lm model (tests, custom loading)."""
+        self = cls.__new__(cls)
+        self._setup(model, config, tokenizer=tokenizer, name=name, dtype=dtype, max_context=max_context,
+                    prefill_chunk=prefill_chunk)  # fmt: skip
+        return self
+
+    def _setup(
+        self,
+        model: nn.Module,
+        config: dict[str, Any],
+        *,
+        tokenizer: Any,
+        name: str,
+        dtype: str | None,
+        max_context: int | None,
+        prefill_chunk: int,
+    ) -> None:
+        if dtype is not None:
+            if dtype not in _DTYPES:
+                raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(_DTYPES)}")
+            model.set_dtype(_DTYPES[dtype])
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.model, self.config, self.tokenizer = model, config, tokenizer
+        self.model_name = Path(name).name or name
+        self.prefill_chunk = prefill_chunk
+        tm = text_model(model)
+        self.model_type = str(getattr(tm, "model_type", config.get("model_type", "?")))
+        args = getattr(tm, "args", None)
+        text_cfg = config.get("text_config", config)
+        self.vocab_size = int(getattr(args, "vocab_size", None) or text_cfg["vocab_size"])
+        self.hidden_size = int(getattr(args, "hidden_size", None) or text_cfg["hidden_size"])
+        self.num_layers = len(model.layers)
+        inner = getattr(tm, "model", None)
+        emb = getattr(inner, "embed_tokens", None)
+        self.dtype = _dtype_name(emb(mx.array([0])).dtype) if emb is not None else "?"
+        limit = (
+            max_context or text_cfg.get("max_position_embeddings") or config.get("max_position_embeddings")
+        )
+        if not limit:
+            raise ValueError(f"{name}: config has no max_position_embeddings; pass max_context=")
+        if self.model_type == "gemma2":
+            # mlx_lm's gemma2 attends to everything (no sliding window): it is the real model only
+            # within one window, so that is all it may hold
+            limit = min(int(limit), int(text_cfg.get("sliding_window") or limit))
+        self.max_context = int(limit)
+        if tokenizer is not None:
+            eos = set(tokenizer.eos_token_ids)
+        else:
+            e = config.get("eos_token_id")
+            eos = set(e if isinstance(e, list) else [] if e is None else [e])
+        self.eos_token_ids = frozenset(int(t) for t in eos)
+        self._layer_ids: tuple[int, ...] = ()
+        self._feats: mx.array | None = None  # [T, K*H] of the last call
+        self._weights: dict[tuple[str, str, torch.dtype], torch.Tensor] = {}
+        self.reset()
+
+    # ---- cache ---------------------------------------------------------------------------------------
+
+    def _make_cache(self) -> list[Any]:
+        cache = make_prompt_cache(self.model)
+        if self.model_type in _WINDOW_MASK_FROM_ARGS:  # see _WINDOW_MASK_FROM_ARGS
+            cache = [KVCache() if type(c) is RotatingKVCache else c for c in cache]
+        return cache
+
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def reset(self) -> None:
+        self._cache = self._make_cache()
+        self._pos, self._feats = 0, None
+
+    def check_rollback(self) -> None:
+        bad = sorted({type(c).__name__ for c in self._cache if type(c) not in _EXACT_CACHES})
+        if bad:
+            raise RuntimeError(
+                f"{self.model_name} (mlx_lm {self.model_type!r}) uses cache types {bad}, which cannot be "
+                "rolled back exactly; speculative decoding needs them trimmable. Run it without a drafter "
+                "(block_size 1)."
+            )
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self._pos:
+            raise ValueError(f"cannot roll back {n} of {self._pos} cached positions")
+        if n == 0:
+            return
+        self.check_rollback()
+        for i, c in enumerate(self._cache):
+            before = c.offset
+            got = c.trim(n)
+            if got != n or c.offset != before - n:  # never silent (mlx-lm #1423)
+                raise RuntimeError(
+                    f"rollback of {n} moved layer {i}'s {type(c).__name__} from {before} to {c.offset} "
+                    f"(trim returned {got})"
+                )
+        self._pos -= n
+
+    # ---- forward -------------------------------------------------------------------------------------
+
+    def set_target_layers(self, layer_ids: Sequence[int]) -> None:
+        bad = [i for i in layer_ids if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(
+                f"target layers {bad} out of range: {self.model_name} has 0..{self.num_layers - 1}"
+            )
+        self._layer_ids = tuple(layer_ids)
+
+    @contextmanager
+    def _tapped(self, store: dict[int, mx.array], *, last_only: bool) -> Iterator[None]:
+        layers = self.model.layers  # the model's own list
+        last = len(layers) - 1
+        wrap = set(self._layer_ids) | ({last} if last_only else set())
+        originals = {i: layers[i] for i in wrap}
+        for i in wrap:
+            slot = i if i in self._layer_ids else None
+            layers[i] = _Tap(originals[i], store, slot, last_only and i == last)
+        try:
+            yield
+        finally:
+            for i, layer in originals.items():
+                layers[i] = layer
+
+    def _forward(self, tokens: Sequence[int], *, last_only: bool) -> mx.array:
+        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). Sets the features."""
+        T, p0 = len(tokens), self._pos
+        if T == 0:
+            raise ValueError("no tokens to process")
+        if p0 + T > self.max_context:
+            raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {self.max_context}")
+        store: dict[int, mx.array] = {}
+        with self._tapped(store, last_only=last_only):
+            logits = self.model(mx.array(tokens, dtype=mx.int32)[None], cache=self._cache)  # [1, T|1, V]
+        self._pos = p0 + T
+        # [T, K*H], layers in the order asked for
+        self._feats = (
+            mx.concatenate([store[i] for i in self._layer_ids], axis=-1)[0] if self._layer_ids else None
+        )
+        return logits[0]
+
+    def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
+        feats: list[mx.array] = []
+        for s in range(0, len(tokens), self.prefill_chunk):
+            logits = self._forward(tokens[s : s + self.prefill_chunk], last_only=True)  # [1, V]
+            if self._feats is not None:
+                feats.append(self._feats)
+            # later chunks need this chunk's cache; evaluate it now so the graph stays one chunk deep
+            mx.eval([c.state for c in self._cache], feats)
+        self._feats = mx.concatenate(feats, axis=0) if len(feats) > 1 else (feats[0] if feats else None)
+        return self._pick(logits, sample)[-1]
+
+    def verify(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> list[int]:
+        return self._pick(self._forward(tokens, last_only=False), sample)  # logits [T, V]
+
+    def _pick(self, logits: mx.array, sample: SampleFn | None) -> list[int]:
+        """The verifier's token at each row of logits [T, V]: argmax on the MLX side, or `sample` on a
+        zero-copy torch view. Evaluates the captured features in the same graph."""
+        extra = [] if self._feats is None else [self._feats]
+        if sample is not None:
+            mx.eval(logits, *extra)
+            return sample(to_torch(logits))  # [T, V] torch on CPU, the model's dtype
+        out = mx.argmax(logits, axis=-1)  # [T]
+        mx.eval(out, *extra)
+        return out.tolist()  # the sync point
+
+    def features(self, n: int, *, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        if self._feats is None:
+            raise RuntimeError("no features captured: call set_target_layers() before prefill/verify")
+        if not 0 <= n <= self._feats.shape[0]:
+            raise ValueError(f"asked for {n} feature rows, the last call captured {self._feats.shape[0]}")
+        return to_torch(self._feats[:n], device=device, dtype=dtype)  # [n, K*H]
+
+    # ---- drafter callbacks ---------------------------------------------------------------------------
+
+    def _weight(self, which: str, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        """[V, H] embedding or head weight on device/dtype, built once; a tied head shares the embedding's."""
+        head = head_module(self.model)  # raises ValueError for architectures it cannot rebuild
+        inner = text_model(self.model).model
+        if which == "head" and head is inner.embed_tokens:
+            which = "embed"
+        key = (which, str(torch.device(device)), dtype)
+        if key not in self._weights:
+            module = inner.embed_tokens if which == "embed" else head
+            self._weights[key] = to_torch(dequantized_weight(module), device=device, dtype=dtype)  # [V, H]
+        return self._weights[key]
+
+    def embed_fn(self, *, device: torch.device | str, dtype: torch.dtype) -> EmbedFn:
+        return make_embed_fn(
+            self.model, device=device, dtype=dtype, weight=self._weight("embed", device, dtype)
+        )
+
+    def lm_head_fn(self, *, device: torch.device | str, dtype: torch.dtype) -> LMHeadFn:
+        return make_lm_head_fn(
+            self.model, device=device, dtype=dtype, weight=self._weight("head", device, dtype)
+        )
+
+    def memory_probe(self) -> MemoryProbe:
+        return mlx_probe()
