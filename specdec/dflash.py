@@ -237,8 +237,10 @@ class DFlashDraftModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         D = cfg.head_dim
         # [D/2] fp32, not a parameter of the public format: recomputed from rope_theta, kept out of
-        # state_dict and out of .to(dtype) casts (RoPE angles need fp32); follows the device lazily
-        self._inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+        # state_dict and out of .to(dtype) casts (RoPE angles need fp32); follows the device lazily.
+        # Built on the CPU explicitly: from_pretrained constructs the module under torch.device("meta").
+        arange = torch.arange(0, D, 2, dtype=torch.float32, device="cpu")
+        self._inv_freq = 1.0 / cfg.rope_theta ** (arange / D)
 
     @property
     def device(self) -> torch.device:

@@ -106,6 +106,24 @@ def test_save_load_round_trip_is_bit_identical(tmp_path, dtype):
     ).read_bytes()
 
 
+def test_loaded_drafter_proposes_like_the_saved_one(tmp_path):
+    """from_pretrained builds on the meta device: everything not in the state (RoPE) must still be real."""
+    cfg = tiny_cfg()
+    model = DFlashDraftModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    emb, head = torch.randn(cfg.vocab_size, cfg.hidden_size), torch.randn(cfg.vocab_size, cfg.hidden_size)
+    a = DFlashDrafter(model)
+    a.save_pretrained(tmp_path / "ckpt")
+    b = DFlashDrafter.from_pretrained(tmp_path / "ckpt")
+    feats = torch.randn(7, cfg.feature_dim)
+    for d in (a, b):
+        d.bind_fns(lambda ids: emb[ids], lambda h: h @ head.T)
+        d.extend(feats, list(range(7)))
+    torch.testing.assert_close(b.propose_logits(3, 3), a.propose_logits(3, 3), rtol=0, atol=0)
+
+
 def test_saved_config_is_the_public_format(tmp_path):
     cfg = tiny_cfg()
     save_checkpoint(tmp_path, cfg, random_state(cfg))

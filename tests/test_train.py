@@ -1,0 +1,385 @@
+"""Drafter training against the stub verifier: learning raises acceptance, chunked == unchunked (loss and
+gradients, and both == the model's own `train_logits`), 2-process data parallel == 1 process, resume ==
+uninterrupted, the dataset cache resumes without new work, soft labels line up, bad settings raise."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.dflash import DFlashDraftModel
+from specdec.train import (
+    Batch,
+    TrainConfig,
+    TrainData,
+    acceptance_length,
+    block_loss,
+    build_dataset,
+    collate,
+    default_gamma,
+    drafter_config,
+    load_heads,
+    position_weights,
+    sample_anchors,
+    train,
+)
+from specdec.verifiers.stub import StubVerifier
+
+LAYERS = (1, 2)
+PROMPTS = [f"Prompt {i}: a few words on topic {i * 7}." for i in range(16)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The stub and the tiny drafter are far too small for intra-op threads; on a shared 2-core machine
+    threads only add contention (the dataset build runs ~5x faster on one)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def stub() -> StubVerifier:
+    return StubVerifier()
+
+
+@pytest.fixture(scope="module")
+def data(stub: StubVerifier, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 stub prompts with 64 greedy response tokens each."""
+    out = tmp_path_factory.mktemp("data")
+    return build_dataset(
+        stub, PROMPTS, out, target_layer_ids=LAYERS, max_new_tokens=64, shard_size=6, progress=False
+    )
+
+
+def tiny(out: Path, **kw) -> TrainConfig:
+    base = dict(
+        num_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, block_size=8,
+        batch_size=4, max_anchors=16, lr=3e-3, out_dir=str(out), progress=False, seed=0,
+    )  # fmt: skip
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def log_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+# ---- learning ----------------------------------------------------------------------------------------------
+
+
+def test_training_raises_acceptance(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
+    cfg = tiny(tmp_path / "run", steps=200, log_every=25)
+    ckpt = train(None, data, cfg)
+    assert ckpt == tmp_path / "run" / "checkpoint-000200" and (ckpt / "model.safetensors").is_file()
+    prompts = [stub.tokenizer.encode(p) for p in PROMPTS[:8]]
+    torch.manual_seed(0)
+    untrained = DFlashDraftModel(drafter_config(cfg, TrainData(data).index))
+    tau0 = acceptance_length(stub, untrained, prompts, max_new_tokens=48)["acceptance_length"]
+    tau1 = acceptance_length(stub, ckpt, prompts, max_new_tokens=48)["acceptance_length"]
+    rows = log_rows(tmp_path / "run")
+    curve = "\n".join(
+        f"step {r['step']:3d}  loss {r['loss_mean']:.2f}  acc {r['acc_mean']:.2f}  "
+        f"tf_tau {r['tf_tau_mean']:.2f}"
+        for r in rows
+    )
+    print(f"\n{curve}\nacceptance length untrained {tau0:.2f} -> trained {tau1:.2f}")
+    assert rows[-1]["loss_mean"] < rows[0]["loss_mean"] and rows[-1]["acc_mean"] > rows[0]["acc_mean"]
+    assert tau1 > tau0 + 0.5, (tau0, tau1)
+
+
+def test_held_out_evaluation_with_the_verifier(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
+    cfg = tiny(tmp_path, steps=4, holdout=2, eval_every=2, eval_prompts=1, eval_max_new_tokens=16)
+    train(stub, data, cfg)
+    evals = [r for r in log_rows(tmp_path) if "eval" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    for r in evals:
+        assert 0 <= r["eval"]["acc"] <= 1 and 1 <= r["eval"]["tf_tau"] <= 8 and 1 <= r["eval"]["tau"] <= 8
+
+
+# ---- the loss ---------------------------------------------------------------------------------------------
+
+
+def _model_and_batch(data: Path, *, seed: int = 0) -> tuple[DFlashDraftModel, Batch, object, object]:
+    cfg = tiny(Path("unused"))
+    dcfg = drafter_config(cfg, TrainData(data).index)
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(dcfg)
+    with torch.no_grad():  # non-trivial norms so a misplaced one shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+    td = TrainData(data)
+    idx = [0, 5]
+    anchors = [
+        sample_anchors(td.sequences[i]["prompt_len"], td.sequences[i]["length"], 8, n, 7)
+        for i, n in zip(idx, (12, 9))
+    ]
+    batch = collate(td, idx, anchors, device=torch.device("cpu"))
+    embed_fn, head_fn = load_heads(data, device=torch.device("cpu"))
+    return model, batch, embed_fn, head_fn
+
+
+def _loss_and_grads(model, batch, embed_fn, head_fn, chunk):
+    model.zero_grad(set_to_none=True)
+    r = block_loss(model, batch, embed_fn, head_fn, gamma=default_gamma(8), attn_chunk=chunk)
+    loss = r["loss_sum"] / r["weight_sum"]
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, r
+
+
+def test_chunked_equals_unchunked_and_train_logits(data: Path) -> None:
+    model, batch, embed_fn, head_fn = _model_and_batch(data)
+    l_all, g_all, r_all = _loss_and_grads(model, batch, embed_fn, head_fn, None)
+    l_chk, g_chk, r_chk = _loss_and_grads(model, batch, embed_fn, head_fn, 5)  # 12 anchors -> 3 chunks
+    torch.testing.assert_close(l_chk, l_all, rtol=1e-5, atol=1e-6)
+    for n in g_all:
+        torch.testing.assert_close(g_chk[n], g_all[n], rtol=1e-4, atol=1e-6, msg=n)
+    assert r_chk["correct"] == r_all["correct"] and r_chk["accept_sum"] == r_all["accept_sum"]
+    # reference: the model's own training forward, loss written out by hand
+    logits = model.train_logits(
+        batch.features.float(), batch.ids, batch.anchors, embed_fn, head_fn
+    )  # [B,A,bs,V]
+    tpos = (batch.anchors[:, :, None] + torch.arange(1, 8)).clamp(max=batch.ids.shape[1] - 1)
+    labels = torch.gather(batch.ids, 1, tpos.flatten(1)).view_as(tpos)
+    nll = F.cross_entropy(logits[:, :, 1:].flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
+    w = batch.valid[:, :, None] * position_weights(8, default_gamma(8))
+    torch.testing.assert_close(l_all, (nll * w).sum() / w.sum(), rtol=1e-5, atol=1e-6)
+
+
+def test_position_weights_and_gamma() -> None:
+    assert [default_gamma(b) for b in (8, 10, 16)] == [4, 5, 7]
+    w = position_weights(16, 7.0)
+    assert w.shape == (15,) and w[0] == 1 and torch.allclose(w[1], torch.exp(torch.tensor(-1 / 7)))
+
+
+def test_anchors_only_where_a_full_block_of_response_exists() -> None:
+    a = sample_anchors(prompt_len=10, length=30, block_size=8, max_anchors=100, seed=0)
+    assert a.tolist() == list(range(9, 23))  # prompt_len-1 .. length-bs, all of them
+    b = sample_anchors(prompt_len=10, length=30, block_size=8, max_anchors=5, seed=3)
+    assert len(b) == 5 and b.tolist() == sorted(b.tolist()) and set(b.tolist()) <= set(a.tolist())
+    assert len(sample_anchors(prompt_len=10, length=16, block_size=8, max_anchors=5, seed=0)) == 0
+
+
+# ---- data parallel, resume --------------------------------------------------------------------------------
+
+
+def _cli_args(data: Path, out: Path) -> list[str]:
+    return [
+        "--data", str(data), "--out", str(out), "--steps", "3", "--num-layers", "1", "--heads", "4",
+        "--kv-heads", "2", "--intermediate-size", "128", "--block-size", "8", "--batch-size", "4",
+        "--max-anchors", "16", "--lr", "3e-3", "--no-progress",
+    ]  # fmt: skip
+
+
+def test_ddp_two_processes_equal_one(data: Path, tmp_path: Path) -> None:
+    single = train(None, data, tiny(tmp_path / "one", steps=3, lr=3e-3))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "specdec.train", *_cli_args(data, tmp_path / "two")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = log_rows(tmp_path / "one"), log_rows(tmp_path / "two")
+    assert [r["step"] for r in two] == [1, 2, 3]
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), (one, two)
+        assert b["acc"] == pytest.approx(a["acc"], abs=1e-6)
+    from safetensors.torch import load_file
+
+    w1 = load_file(single / "model.safetensors")
+    w2 = load_file(tmp_path / "two" / "checkpoint-000003" / "model.safetensors")
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-3, atol=1e-5, msg=k)
+
+
+def test_resume_continues_identically(data: Path, tmp_path: Path) -> None:
+    cfg_a = tiny(tmp_path / "a", steps=6, save_every=3)
+    train(None, data, cfg_a)
+    (tmp_path / "b").mkdir()
+    shutil.copytree(tmp_path / "a" / "checkpoint-000003", tmp_path / "b" / "checkpoint-000003")
+    train(None, data, tiny(tmp_path / "b", steps=6, save_every=3))
+    a, b = log_rows(tmp_path / "a"), log_rows(tmp_path / "b")
+    assert [r["step"] for r in b] == [4, 5, 6]
+    for ra, rb in zip(a[3:], b):
+        assert (ra["loss"], ra["acc"], ra["lr"]) == (rb["loss"], rb["acc"], rb["lr"])
+    from safetensors.torch import load_file
+
+    wa = load_file(tmp_path / "a" / "checkpoint-000006" / "model.safetensors")
+    wb = load_file(tmp_path / "b" / "checkpoint-000006" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# ---- dataset ----------------------------------------------------------------------------------------------
+
+
+def test_dataset_layout_and_cache_resume(
+    stub: StubVerifier, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    td = TrainData(data)
+    assert len(td) == 16 and len(td.index["shards"]) == 3  # shard_size 6
+    s = td.sequences[3]
+    ids, feats = td.get(3, "ids"), td.get(3, "features")
+    assert ids.dtype == torch.int32 and feats.dtype == torch.bfloat16
+    assert ids.shape == (s["length"],) and feats.shape == (s["length"], len(LAYERS) * stub.hidden_size)
+    assert ids[: s["prompt_len"]].tolist() == stub.tokenizer.encode(PROMPTS[3])
+    # teacher-forced features are the verifier's own
+    stub.set_target_layers(LAYERS)
+    stub.reset()
+    stub.prefill(ids.tolist())
+    torch.testing.assert_close(
+        feats, stub.features(len(ids), device=torch.device("cpu"), dtype=torch.bfloat16)
+    )
+    stub.set_target_layers(())
+    # the second call does no work
+    before = (data / "index.json").read_text()
+    mtimes = {p.name: p.stat().st_mtime_ns for p in data.iterdir()}
+
+    def boom(*a, **k):
+        raise AssertionError("the cached dataset was recomputed")
+
+    monkeypatch.setattr(stub, "prefill", boom)
+    monkeypatch.setattr(stub, "verify", boom)
+    build_dataset(
+        stub, PROMPTS, data, target_layer_ids=LAYERS, max_new_tokens=64, shard_size=6, progress=False
+    )
+    assert (data / "index.json").read_text() == before
+    assert {p.name: p.stat().st_mtime_ns for p in data.iterdir()} == mtimes
+    with pytest.raises(ValueError, match="other settings"):
+        build_dataset(stub, PROMPTS, data, target_layer_ids=(0, 2), max_new_tokens=64, progress=False)
+
+
+def test_partial_build_resumes(stub: StubVerifier, tmp_path: Path) -> None:
+    build_dataset(
+        stub, PROMPTS[:6], tmp_path, target_layer_ids=(3,), max_new_tokens=8, max_prompts=2, progress=False
+    )
+    assert [s["id"] for s in TrainData(tmp_path).sequences] == ["0", "1"]
+    calls = []
+    real = stub.prefill
+    stub.prefill = lambda toks, **kw: calls.append(len(toks)) or real(toks, **kw)
+    try:
+        build_dataset(stub, PROMPTS[:6], tmp_path, target_layer_ids=(3,), max_new_tokens=8, progress=False)
+    finally:
+        del stub.prefill
+    assert [s["id"] for s in TrainData(tmp_path).sequences] == [str(i) for i in range(6)]
+    # each new prompt: one prefill in its generation, one teacher-forced pass
+    assert len(calls) == 2 * 4
+
+
+def test_sampled_responses_are_seeded(stub: StubVerifier, tmp_path: Path) -> None:
+    kw = dict(target_layer_ids=(3,), max_new_tokens=12, temperature=1.0, progress=False)
+    a = TrainData(build_dataset(stub, PROMPTS[:2], tmp_path / "a", seed=5, **kw))
+    b = TrainData(build_dataset(stub, PROMPTS[:2], tmp_path / "b", seed=5, **kw))
+    c = TrainData(build_dataset(stub, PROMPTS[:2], tmp_path / "c", seed=6, **kw))
+    g = TrainData(build_dataset(stub, PROMPTS[:2], tmp_path / "g", **{**kw, "temperature": 0.0}))
+    ids = [[d.get(i, "ids").tolist() for i in range(2)] for d in (a, b, c, g)]
+    assert ids[0] == ids[1] and ids[0] != ids[2] and ids[0] != ids[3]
+
+
+def test_prompt_file_formats_and_skips(stub: StubVerifier, tmp_path: Path) -> None:
+    jsonl = tmp_path / "p.jsonl"
+    rows = [{"id": "a", "messages": [{"role": "user", "content": "hi"}]}, {"id": "b", "text": "x" * 40}]
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = build_dataset(
+        stub, jsonl, tmp_path / "d", target_layer_ids=(3,), max_new_tokens=4, max_seq_len=20, progress=False
+    )
+    td = TrainData(out)
+    assert [s["id"] for s in td.sequences] == ["a"] and "b" in td.index["skipped"]  # 41 tokens > max_seq_len
+    assert td.sequences[0]["length"] <= 20
+    txt = tmp_path / "p.txt"
+    txt.write_text("first\n\nsecond\n")
+    from specdec.train import load_prompts
+
+    assert load_prompts(txt) == [("0", "first"), ("2", "second")]
+
+
+def test_heads_match_the_verifier(stub: StubVerifier, data: Path) -> None:
+    embed_fn, head_fn = load_heads(data, device=torch.device("cpu"))
+    ids = torch.randint(0, stub.vocab_size, (3, 5))
+    h = torch.randn(7, stub.hidden_size)
+    cpu, f32 = torch.device("cpu"), torch.float32
+    torch.testing.assert_close(embed_fn(ids), stub.embed_fn(device=cpu, dtype=f32)(ids))
+    torch.testing.assert_close(head_fn(h), stub.lm_head_fn(device=cpu, dtype=f32)(h), rtol=1e-4, atol=1e-4)
+
+
+def test_kl_soft_labels(stub: StubVerifier, tmp_path: Path) -> None:
+    out = build_dataset(
+        stub,
+        PROMPTS[:3],
+        tmp_path / "d",
+        target_layer_ids=(1, 2),
+        max_new_tokens=24,
+        kl_topk=8,
+        progress=False,
+    )
+    td = TrainData(out)
+    for i, s in enumerate(td.sequences):
+        ids, top = td.get(i, "ids"), td.get(i, "topk_ids")
+        # greedy responses: the verifier's top-1 after position p is the token at p+1
+        resp = range(s["prompt_len"] - 1, s["length"] - 1)
+        assert [int(top[p, 0]) for p in resp] == [int(ids[p + 1]) for p in resp]
+    cfg = tiny(tmp_path / "run", steps=2, batch_size=3, kl_weight=0.5)
+    train(None, out, cfg)
+    assert all(r["loss"] > 0 for r in log_rows(tmp_path / "run"))
+
+
+# ---- errors -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"block_size": 1}, "block_size"),
+        ({"lr": 0}, "lr"),
+        ({"attn_chunk": 0}, "attn_chunk"),
+        ({"dtype": "float16"}, "dtype"),
+        ({"max_anchors": 0}, "max_anchors"),
+        ({"steps": 0}, "steps"),
+        ({"warmup_ratio": 1.0}, "warmup_ratio"),
+    ],
+)
+def test_bad_config_raises(kw: dict, match: str, data: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=match):
+        train(None, data, tiny(tmp_path, **kw))
+
+
+def test_bad_settings_against_the_data(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not captured"):
+        train(None, data, tiny(tmp_path, target_layer_ids=(0,)))
+    with pytest.raises(ValueError, match="kl_topk"):
+        train(None, data, tiny(tmp_path, kl_weight=1.0))
+    with pytest.raises(ValueError, match="fewer than batch_size"):
+        train(None, data, tiny(tmp_path, batch_size=16, holdout=4))
+    with pytest.raises(ValueError, match="mask_token_id"):
+        train(None, data, tiny(tmp_path, mask_token_id=stub.vocab_size))
+    with pytest.raises(ValueError, match="not the one"):
+        train(StubVerifier(StubVerifier().cfg.__class__(seed=1)), data, tiny(tmp_path))
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        build_dataset(stub, PROMPTS, tmp_path / "x", target_layer_ids=(9,), progress=False)
+    with pytest.raises(FileNotFoundError, match="not a specdec training dataset"):
+        train(None, tmp_path / "nothing", tiny(tmp_path))
+
+
+@pytest.mark.hf
+def test_hf_batched_generate_matches_engine(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from tinymodels import tiny_llama
+
+    from specdec.engine import DecodeConfig, generate
+    from specdec.train import _generate_hf
+    from specdec.verifiers.hf import HFVerifier
+
+    v = HFVerifier(tiny_llama(tmp_path / "llama"))
+    prompts = [[1, 5, 9, 13], [1, 7], [1, 20, 30, 40, 50, 60]]
+    batched = _generate_hf(v, prompts, [12, 12, 12], temperature=0.0, seed=0)
+    for p, got in zip(prompts, batched):
+        want = generate(v, p, cfg=DecodeConfig(max_new_tokens=12, block_size=1)).output_tokens
+        assert got == want
