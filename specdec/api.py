@@ -70,12 +70,29 @@ def load_verifier(
     raise ValueError(f"unknown verifier runtime {runtime!r}; choose one of {RUNTIMES}")
 
 
+BUNDLED_DIR = Path(__file__).parent / "drafters"
+#: bundled drafters by the verifier model they were trained for
+BUNDLED = {"smollm2-135m": "smollm2-135m-dflash", "gemma3-270m": "gemma3-270m-dflash"}
+
+
+def bundled_drafter(model: str) -> Path:
+    """The folder of the drafter shipped for a bundled model name (e.g. "smollm2-135m")."""
+    path = BUNDLED_DIR / BUNDLED.get(model, f"{model}-dflash")
+    if not (path / "config.json").is_file():
+        have = sorted(k for k, v in BUNDLED.items() if (BUNDLED_DIR / v / "config.json").is_file())
+        raise ValueError(f"no bundled drafter for {model!r}; bundled drafters exist for {have}")
+    return path
+
+
 def load_drafter(
     spec: str | None, *, verifier: Verifier, block_size: int = 16, device: str = "cpu", dtype: str = "float32"
 ) -> Drafter | None:
-    """`spec`: None/"none" (autoregressive), "prompt-lookup", or a folder with a DFlash checkpoint."""
+    """`spec`: None/"none" (autoregressive), "prompt-lookup", "bundled:<model>" (a drafter shipped with
+    specdec, e.g. "bundled:smollm2-135m"), or a folder with a DFlash checkpoint."""
     if spec in (None, "none"):
         return None
+    if spec.startswith("bundled:"):
+        spec = str(bundled_drafter(spec.removeprefix("bundled:")))
     if spec == "prompt-lookup":
         from specdec.ngram import PromptLookupDrafter
 

