@@ -41,11 +41,13 @@ _KDL_CPU = 1
 
 #: mlx_lm architectures whose embedding or head does something this module does not reproduce (scaled
 #: logits, muP multipliers, per-layer inputs, ...): found by grepping mlx_lm 0.32 models/ for embedding
-#: and logit scale factors, minus the Gemma 1/2/3 conventions handled below.
+#: and logit scale factors, minus the Gemma 1/2/3/4 conventions handled below. Gemma 4's per-layer inputs
+#: are a second embedding the model feeds to each decoder layer internally; the drafter shares only the
+#: main (scaled) token embedding, so they are not part of embed_fn.
 UNSUPPORTED_HEAD_TYPES = frozenset(
     {
-        "afmoe", "cohere", "cohere2", "falcon_h1", "gear", "gemma3n", "gemma4", "gemma4_text", "granite",
-        "granitemoe", "granitemoehybrid", "minicpm", "minicpm3", "muse_glimmer", "muse_spark", "phi3small",
+        "afmoe", "cohere", "cohere2", "falcon_h1", "gear", "gemma3n", "granite", "granitemoe",
+        "granitemoehybrid", "minicpm", "minicpm3", "muse_glimmer", "muse_spark", "phi3small",
     }
 )  # fmt: skip
 
@@ -122,7 +124,7 @@ def embed_scale(model: nn.Module) -> float | None:
     if mtype == "gemma3_text":
         # gemma3_text: h *= mx.array(hidden_size**0.5, mx.bfloat16).astype(h.dtype) -- rounded to bf16 first
         return mx.array(hidden**0.5, mx.bfloat16).astype(h_dtype).item()
-    if mtype in ("gemma", "gemma2"):
+    if mtype in ("gemma", "gemma2", "gemma4_text"):
         # h * (hidden_size**0.5): a Python scalar takes h's dtype
         return mx.array(hidden**0.5, h_dtype).item()
     return None
@@ -132,10 +134,15 @@ def final_softcap(model: nn.Module) -> float | None:
     """The final-logit soft-capping value if the mlx_lm model applies one (None otherwise).
 
     mlx_lm's gemma3_text ignores `final_logit_softcapping` (transformers applies it when the config sets
-    it; released Gemma 3 configs have null), so only gemma2 caps here: we match the MLX verifier.
+    it; released Gemma 3 configs have null), so only gemma2 and gemma4_text cap here: we match the MLX
+    verifier.
     """
-    if _model_type(model) == "gemma2":
+    mtype = _model_type(model)
+    if mtype == "gemma2":
         return float(text_model(model).args.final_logit_softcapping)
+    if mtype == "gemma4_text":
+        cap = text_model(model).final_logit_softcapping  # None: no capping
+        return None if cap is None else float(cap)
     return None
 
 

@@ -48,3 +48,60 @@ def tiny_gemma3(path: Path, *, seed: int = 0, sliding_window: int = 16) -> Path:
         pad_token_id=0,
     )  # fmt: skip
     return _save(Gemma3ForCausalLM(cfg).eval(), path)
+
+
+def tiny_gemma4(
+    path: Path, *, seed: int = 0, sliding_window: int = 16, moe: bool = False, kv_shared: int | None = None
+) -> Path:
+    """Gemma 4 text model: sliding + full layers (the full ones with their own head_dim and proportional
+    partial RoPE), soft-capping 30, tied head, layer scalars != 1. Dense is shaped like E2B/E4B: per-layer
+    inputs and the last 2 layers KV-shared (no cache entry of their own). MoE is shaped like 26B-A4B: the
+    MoE block beside the MLP, K=V on full layers with their own KV-head count, no KV sharing.
+    `kv_shared` overrides the number of KV-shared layers."""
+    import torch
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    torch.manual_seed(seed)
+    kw: dict = (
+        dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+             attention_k_eq_v=True, num_global_key_value_heads=2, hidden_size_per_layer_input=0,
+             num_kv_shared_layers=0)
+        if moe
+        else dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=320, num_kv_shared_layers=2)
+    )  # fmt: skip
+    if kv_shared is not None:
+        kw["num_kv_shared_layers"] = kv_shared
+    cfg = Gemma4TextConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, global_head_dim=32,
+        max_position_embeddings=1024, sliding_window=sliding_window, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0, **kw,
+    )  # fmt: skip
+    model = Gemma4ForCausalLM(cfg).eval()
+    with torch.no_grad():  # random init leaves these at 1: vary them so a formula that skips one shows
+        for layer in model.model.layers:
+            layer.layer_scalar.fill_(0.5 + torch.rand(()).item())
+            if moe:
+                layer.router.scale.uniform_(0.5, 1.5)
+                layer.router.per_expert_scale.uniform_(0.5, 1.5)
+    return _save(model, path)
+
+
+def tiny_qwen3(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
+    """Qwen3 (q/k norms, head_dim != hidden/heads, untied head) or Qwen3-MoE (top-2 of 4 experts,
+    normalised, layer 1 dense)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=1024, rope_theta=1e6,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    if moe:
+        cfg = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             norm_topk_prob=True, mlp_only_layers=[1])  # fmt: skip
+        return _save(Qwen3MoeForCausalLM(cfg).eval(), path)
+    return _save(Qwen3ForCausalLM(Qwen3Config(**common)).eval(), path)

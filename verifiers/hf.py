@@ -1,4 +1,4 @@
-"""The Verifier protocol on a transformers causal LM (Llama, Gemma 3, and kin), batch 1.
+"""The Verifier protocol on a transformers causal LM (Llama, Gemma 3/4, Qwen3, and kin), batch 1.
 
 The KV cache is a transformers 5 `DynamicCache` built from the model's config, so Gemma's sliding layers
 get `DynamicSlidingWindowLayer`s exactly as `model.generate` does. Rollback is `cache.crop(-n)`; for the
@@ -8,10 +8,16 @@ verify both drops the rejected positions and trims the layer back to `sliding_wi
 a rollback may reach back at most over the positions appended since the previous rollback (all the engine
 ever needs); asking for more once a window is full raises instead of silently corrupting the cache.
 
+Gemma 4's KV-shared layers get a `DummyLayer` (no cache of their own: they attend over their producer
+layer's keys/values), which holds nothing to roll back.
+
 Features are the raw outputs of the chosen decoder layers (`model.model.layers[l]`, i.e. HF
 `hidden_states[l+1]`, and for the last layer the output *before* the final norm), captured by forward
 hooks that exist only while target layers are set, for exactly the positions of the last call.
-`prefill` computes the LM head on the last position only (`logits_to_keep=1`).
+`prefill` computes the LM head on the last position only (`logits_to_keep=1`). On models with KV-shared
+layers `logits_to_keep` is passed as position indices instead of an int: with an int, transformers'
+Gemma 4 runs the KV-shared layers on the kept positions only (their features would be cut to the last
+position) and fails outright when the model has no per-layer inputs.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ class HFVerifier:
             raise ValueError(
                 f"unsupported architecture {type(model).__name__} (model_type {cfg.model_type!r}): "
                 "HFVerifier needs a decoder-only causal LM with `model.model.layers` and an LM head "
-                "(Llama, Gemma 3, ...)"
+                "(Llama, Gemma 3/4, Qwen3, ...)"
             )
         self._layers: torch.nn.ModuleList = layers
         self.model_name = Path(path).name or path
@@ -83,6 +89,8 @@ class HFVerifier:
         eos = _as_ids(getattr(cfg, "eos_token_id", None)) | _as_ids(getattr(gen, "eos_token_id", None))
         self.eos_token_ids = frozenset(eos)
         self.tokenizer = tokenizer
+        # Gemma 4: layers from here on reuse an earlier layer's KV (see module docstring)
+        self._kv_shared = int(getattr(cfg, "num_kv_shared_layers", 0) or 0) > 0
         self._layer_ids: tuple[int, ...] = ()
         self._hooks: list[Any] = []
         self._captured: dict[int, torch.Tensor] = {}  # layer id -> [T, H] of the last call
@@ -150,7 +158,7 @@ class HFVerifier:
         return hook
 
     def check_rollback(self) -> None:
-        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+        from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
         types = list(getattr(self.config, "layer_types", None) or [])
         bad = sorted({t for t in types if t not in EXACT_ROLLBACK_LAYER_TYPES})
@@ -160,7 +168,7 @@ class HFVerifier:
                 "linear-attention / SSM state) that a KV-cache crop cannot roll back exactly; speculative "
                 f"decoding needs attention-only models ({sorted(EXACT_ROLLBACK_LAYER_TYPES)})"
             )
-        exact = (DynamicLayer, DynamicSlidingWindowLayer)
+        exact = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer)  # DummyLayer: KV-shared, holds nothing
         odd = sorted({type(la).__name__ for la in self._cache.layers if type(la) not in exact})
         if odd:
             raise RuntimeError(
@@ -190,9 +198,10 @@ class HFVerifier:
             )
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, T]
         self._captured = {}
-        out = self.model(
-            input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=1 if last_only else 0
-        )
+        keep: int | torch.Tensor = 1 if last_only else 0
+        if self._kv_shared:  # indices, not an int (see module docstring)
+            keep = torch.arange(T - 1 if last_only else 0, T, device=self.device)
+        out = self.model(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=keep)
         self._pos += T
         self._since_crop += T
         return out.logits[0]  # [T, V]

@@ -55,7 +55,13 @@ _EXACT_CACHES = (KVCache, ConcatenateKVCache)
 #: a KVCache becomes `cache.make_mask(N, window_size=W)` -> `create_causal_mask(N, offset, window_size=W)`
 #: for every N, including single-token steps. Other architectures keep their RotatingKVCache and are
 #: refused by `check_rollback`.
-_WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text"})
+#: gemma4_text builds one mask per layer type the same way (`_make_masks`); its KV-shared layers have no
+#: cache entry (make_cache returns fewer caches than layers) and attend over their producer layer's
+#: updated KV with that type's mask, so they follow the producer's plain KVCache exactly.
+_WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text", "gemma4_text"})
+
+#: `layer_types` entries of attention layers (anything else is recurrent / linear-attention state)
+_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
 
 _DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -66,7 +72,13 @@ def _dtype_name(d: mx.Dtype) -> str:
 
 def config_fixes(config: dict[str, Any]) -> dict[str, Any]:
     """Config fields mlx_lm needs at the top level that transformers 5 stores elsewhere (pass as
-    `model_config`). Without them mlx_lm silently uses its defaults (rope_theta 10000, window pattern 6)."""
+    `model_config`). Without them mlx_lm silently uses its defaults (rope_theta 10000, window pattern 6,
+    Gemma 4's global head_dim 512) or fails to build (Qwen3-MoE's `num_experts`). A Gemma 4 multimodal
+    config gets its fixes inside `text_config`."""
+    text = config.get("text_config")
+    if config.get("model_type") == "gemma4" and isinstance(text, dict):
+        inner = config_fixes(text)
+        return {"text_config": {**text, **inner}} if inner else {}
     fixes: dict[str, Any] = {}
     rope = config.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" not in config:
@@ -74,25 +86,45 @@ def config_fixes(config: dict[str, Any]) -> dict[str, Any]:
         full = per_type.get("full_attention", rope) if per_type else rope
         if "rope_theta" in full:
             fixes["rope_theta"] = full["rope_theta"]
+        if not per_type and "partial_rotary_factor" in full and "partial_rotary_factor" not in config:
+            fixes["partial_rotary_factor"] = full["partial_rotary_factor"]  # e.g. qwen3_next
         if full.get("rope_type", "default") != "default" and config.get("rope_scaling") is None:
             fixes["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
         sliding = per_type.get("sliding_attention")
         if sliding and "rope_theta" in sliding and "rope_local_base_freq" not in config:
             fixes["rope_local_base_freq"] = sliding["rope_theta"]
     types = config.get("layer_types")
-    if config.get("model_type") == "gemma3_text" and types and "sliding_window_pattern" not in config:
+    # mlx_lm derives these layer patterns from a period that transformers 5 no longer writes
+    period_keys = {"gemma3_text": ("sliding_window_pattern", "sliding_attention"),
+                   "qwen3_next": ("full_attention_interval", "linear_attention")}  # fmt: skip
+    mtype = config.get("model_type")
+    if mtype in period_keys and types and period_keys[mtype][0] not in config:
+        key, other = period_keys[mtype]
         if "full_attention" not in types:
-            raise ValueError(
-                "gemma3_text config has no full_attention layer in layer_types; mlx_lm needs one"
-            )
+            raise ValueError(f"{mtype} config has no full_attention layer in layer_types; mlx_lm needs one")
         p = types.index("full_attention") + 1
-        expect = ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(len(types))]
+        expect = ["full_attention" if (i + 1) % p == 0 else other for i in range(len(types))]
         if list(types) != expect:
             raise ValueError(
-                f"gemma3_text layer_types {types} are not periodic; mlx_lm's gemma3_text only supports a "
-                "fixed sliding_window_pattern"
+                f"{mtype} layer_types {types} are not periodic; mlx_lm's {mtype} only supports a fixed {key}"
             )
-        fixes["sliding_window_pattern"] = p
+        fixes[key] = p
+    if "num_local_experts" in config and "num_experts" not in config:  # transformers 5 renames it
+        fixes["num_experts"] = config["num_local_experts"]
+    per_layer = config.get("per_layer_config")
+    if config.get("model_type") == "gemma4_text" and isinstance(per_layer, dict) and types:
+        # transformers 5 folds global_head_dim / num_global_key_value_heads into per-layer overrides of
+        # the full-attention layers; mlx_lm reads the top-level names
+        full = [per_layer.get(str(i)) or {} for i, t in enumerate(types) if t == "full_attention"]
+        for key, name in (
+            ("head_dim", "global_head_dim"),
+            ("num_key_value_heads", "num_global_key_value_heads"),
+        ):
+            values = {o[key] for o in full if key in o}
+            if len(values) > 1:
+                raise ValueError(f"gemma4 full-attention layers disagree on {key}: {sorted(values)}")
+            if values and name not in config:
+                fixes[name] = values.pop()
     return fixes
 
 
@@ -199,9 +231,12 @@ class MLXVerifier:
         )
         if not limit:
             raise ValueError(f"{name}: config has no max_position_embeddings; pass max_context=")
-        if self.model_type == "gemma2":
-            # mlx_lm's gemma2 attends to everything (no sliding window): it is the real model only
-            # within one window, so that is all it may hold
+        unwindowed = self.model_type == "gemma2" or (
+            self.model_type in ("qwen3", "qwen3_moe") and text_cfg.get("use_sliding_window")
+        )
+        if unwindowed:
+            # mlx_lm's gemma2 / qwen3 / qwen3_moe attend to everything (no sliding window): they are the
+            # real model only within one window, so that is all they may hold
             limit = min(int(limit), int(text_cfg.get("sliding_window") or limit))
         self.max_context = int(limit)
         if tokenizer is not None:
@@ -234,10 +269,13 @@ class MLXVerifier:
     def check_rollback(self) -> None:
         bad = sorted({type(c).__name__ for c in self._cache if type(c) not in _EXACT_CACHES})
         if bad:
+            text_cfg = self.config.get("text_config", self.config)
+            types = sorted({str(t) for t in text_cfg.get("layer_types") or ()} - _ATTENTION_LAYER_TYPES)
+            layers = f" for its layer types {types} (recurrent / linear-attention state)" if types else ""
             raise RuntimeError(
-                f"{self.model_name} (mlx_lm {self.model_type!r}) uses cache types {bad}, which cannot be "
-                "rolled back exactly; speculative decoding needs them trimmable. Run it without a drafter "
-                "(block_size 1)."
+                f"{self.model_name} (mlx_lm {self.model_type!r}) uses cache types {bad}{layers}, which "
+                "cannot be rolled back exactly; speculative decoding needs them trimmable. Run it without a "
+                "drafter (block_size 1)."
             )
 
     def rollback(self, n: int) -> None:
@@ -266,20 +304,36 @@ class MLXVerifier:
             )
         self._layer_ids = tuple(layer_ids)
 
+    def _layer_list(self) -> tuple[list[Any], int]:
+        """The model's own list of decoder layers and where `model.layers[0]` sits in it. Pipeline models
+        (mlx_lm `PipelineMixin`: qwen3_moe, deepseek_v3, glm4_moe, ...) return a fresh slice
+        `layers[start_idx:end_idx]` from `model.layers`: a tap put into that copy would never run."""
+        layers = self.model.layers
+        if layers is self.model.layers:
+            return layers, 0
+        inner = getattr(text_model(self.model), "model", None)
+        own = getattr(inner, "layers", None)
+        if not isinstance(own, list) or not hasattr(inner, "start_idx"):
+            raise ValueError(
+                f"mlx_lm {self.model_type!r}: `model.layers` is rebuilt on every access and its source list "
+                "was not found, so decoder-layer outputs cannot be captured"
+            )
+        return own, int(inner.start_idx)
+
     @contextmanager
     def _tapped(self, store: dict[int, mx.array], *, last_only: bool) -> Iterator[None]:
-        layers = self.model.layers  # the model's own list
-        last = len(layers) - 1
+        layers, start = self._layer_list()  # the model's own list
+        last = self.num_layers - 1
         wrap = set(self._layer_ids) | ({last} if last_only else set())
-        originals = {i: layers[i] for i in wrap}
+        originals = {i: layers[start + i] for i in wrap}
         for i in wrap:
             slot = i if i in self._layer_ids else None
-            layers[i] = _Tap(originals[i], store, slot, last_only and i == last)
+            layers[start + i] = _Tap(originals[i], store, slot, last_only and i == last)
         try:
             yield
         finally:
             for i, layer in originals.items():
-                layers[i] = layer
+                layers[start + i] = layer
 
     def _forward(self, tokens: Sequence[int], *, last_only: bool) -> mx.array:
         """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). Sets the features."""

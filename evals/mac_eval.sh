@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Apple Silicon: an mlx-community verifier + a public z-lab DFlash drafter (PyTorch, on MPS), evaluated
+# on HumanEval and MT-Bench with the same report as everywhere else (AR baseline in the same run).
+#
+#   bash evals/mac_eval.sh                          # Llama-3.1-8B-Instruct (4-bit MLX) + its DFlash drafter
+#   LIMIT=80 DATASETS="mtbench" bash evals/mac_eval.sh
+#
+# Needs: macOS on Apple Silicon, ~8 GB free memory, internet for the first download (Hugging Face hub).
+# Everything it calls is tested on Linux with small models: MLXVerifier with 4-bit models
+# (tests/test_mlx_verifier.py), public-format drafter folders (tests/test_checkpoint.py), the eval runner
+# and report (tests/test_evals.py). bf16 on MPS: exactness is checked in fp32; bf16 reports a match rate.
+set -euo pipefail
+MODEL=${MODEL:-mlx-community/Meta-Llama-3.1-8B-Instruct-4bit}
+DRAFTER_REPO=${DRAFTER_REPO:-z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat}
+DATASETS=${DATASETS:-"humaneval mtbench"}
+LIMIT=${LIMIT:-20}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
+BLOCK_SIZE=${BLOCK_SIZE:-16}
+OUT=${OUT:-runs/mac-$(basename "$MODEL")}
+
+if [[ "$(uname -s)/$(uname -m)" != "Darwin/arm64" ]]; then
+  echo "error: this script is for Apple Silicon (MLX verifier + MPS drafter); on Linux use specdec eval" >&2
+  exit 2
+fi
+python3 -m venv .venv
+.venv/bin/pip install -q -e ".[mlx,hf,eval]" huggingface_hub
+# the drafter's config.json + model.safetensors in the public DFlash format (no custom code is run)
+DRAFTER_DIR=$(.venv/bin/python -c "from huggingface_hub import snapshot_download as s; \
+print(s('$DRAFTER_REPO', allow_patterns=['config.json', '*.safetensors']))")
+# shellcheck disable=SC2086
+.venv/bin/specdec eval --verifier mlx --model "$MODEL" --drafter "$DRAFTER_DIR" --device mps \
+  --dtype bfloat16 --dataset $DATASETS --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
+  --block-size "$BLOCK_SIZE" --out "$OUT"
+echo "report: $OUT/report.md"

@@ -1,0 +1,411 @@
+"""Gemma 4 (dense, MoE) and Qwen3 (dense, MoE) on both verifiers, plus the models refused for rollback.
+
+Tiny random folders from tests/tinymodels.py, fp32, loaded by transformers and mlx_lm alike. Gemma 4 dense
+has per-layer inputs and 2 KV-shared layers (no cache entry of their own), Gemma 4 MoE has the MoE block
+and K=V full layers; both mix sliding (window 16) and full attention and soft-cap at 30. Prompts are 40
+tokens, so every sliding window has wrapped before the first draft is verified. References are each
+runtime's own greedy generation: transformers' `generate(do_sample=False)`, mlx_lm's `generate_step`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from drafters import RandomDrafter, ScriptedDrafter, greedy_reference
+
+mx = pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+transformers = pytest.importorskip("transformers")
+
+import tinymodels  # noqa: E402
+from mlx_lm.generate import generate_step  # noqa: E402
+
+from specdec.bridges.mlx import text_model  # noqa: E402
+from specdec.checkpoint import save_checkpoint  # noqa: E402
+from specdec.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel  # noqa: E402
+from specdec.engine import DecodeConfig, generate  # noqa: E402
+from specdec.verifiers.hf import HFVerifier  # noqa: E402
+from specdec.verifiers.mlx import MLXVerifier, config_fixes  # noqa: E402
+
+pytestmark = [pytest.mark.mlx, pytest.mark.hf]
+
+FAMILIES = ("gemma4", "gemma4_moe", "qwen3", "qwen3_moe")
+GEMMAS = ("gemma4", "gemma4_moe")
+RUNTIMES = ("hf", "mlx")
+PLEN, N_NEW, WINDOW = 40, 32, 16
+PROMPT = [(7 * i) % 300 + 3 for i in range(PLEN)]
+KW = dict(device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {
+        "gemma4": tinymodels.tiny_gemma4(root / "gemma4", sliding_window=WINDOW),
+        "gemma4_moe": tinymodels.tiny_gemma4(root / "gemma4_moe", sliding_window=WINDOW, moe=True),
+        "qwen3": tinymodels.tiny_qwen3(root / "qwen3"),
+        "qwen3_moe": tinymodels.tiny_qwen3(root / "qwen3_moe", moe=True),
+    }
+
+
+@pytest.fixture(scope="module")
+def verifiers(paths) -> dict[tuple[str, str], HFVerifier | MLXVerifier]:
+    out: dict = {}
+    for fam, p in paths.items():
+        out["hf", fam], out["mlx", fam] = HFVerifier(p), MLXVerifier(p)
+    return out
+
+
+def hf_generate(v: HFVerifier, prompt: list[int], n: int) -> list[int]:
+    out = v.model.generate(
+        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0,
+    )  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+def mlx_lm_greedy(v: MLXVerifier, prompt: list[int], n: int) -> list[int]:
+    """mlx_lm's own loop, with its own caches (RotatingKVCache on Gemma's sliding layers)."""
+    gen = generate_step(mx.array(prompt), v.model, max_tokens=n, sampler=lambda lp: mx.argmax(lp, axis=-1))
+    return [int(t) for t, _ in gen]
+
+
+@pytest.fixture(scope="module")
+def refs(verifiers) -> dict[tuple[str, str], list[int]]:
+    out = {}
+    for (rt, fam), v in verifiers.items():
+        out[rt, fam] = hf_generate(v, PROMPT, N_NEW) if rt == "hf" else mlx_lm_greedy(v, PROMPT, N_NEW)
+        assert len(out[rt, fam]) == N_NEW
+    return out
+
+
+# ---- loading and caches ----------------------------------------------------------------------------------
+
+
+def test_family_caches(verifiers):
+    # HF: KV-shared Gemma 4 layers get a DummyLayer; sliding layers a sliding-window layer
+    names = [type(la).__name__ for la in verifiers["hf", "gemma4"]._cache.layers]
+    s, f = "DynamicSlidingWindowLayer", "DynamicLayer"
+    assert names == [s, s, f, s, "DummyLayer", "DummyLayer"]
+    # MLX: one cache per non-shared layer, all plain KVCache (window applied by the mask)
+    mv = verifiers["mlx", "gemma4"]
+    assert (mv.model_type, mv.num_layers, len(mv._cache)) == ("gemma4_text", 6, 4)
+    assert verifiers["mlx", "gemma4_moe"].model_type == "gemma4_text"
+    for (rt, fam), v in verifiers.items():
+        v.check_rollback()
+        if rt == "mlx":
+            assert {type(c).__name__ for c in v._cache} == {"KVCache"}, fam
+        assert (v.vocab_size, v.hidden_size, v.dtype) == (320, 64, "float32"), (rt, fam)
+    assert verifiers["mlx", "qwen3_moe"].model_type == "qwen3_moe"
+
+
+def test_mlx_qwen3_with_a_sliding_window_holds_one_window(verifiers):
+    """mlx_lm's qwen3 / qwen3_moe never apply `sliding_window`: with `use_sliding_window` on they are the
+    real model only within one window, so that is all the verifier may hold (as for gemma2)."""
+    for fam in ("qwen3", "qwen3_moe"):
+        v = verifiers["mlx", fam]
+        cfg = {**v.config, "use_sliding_window": True, "sliding_window": 24}
+        assert MLXVerifier.from_model(v.model, cfg).max_context == 24
+        assert MLXVerifier.from_model(v.model, {**cfg, "use_sliding_window": False}).max_context == 1024
+
+
+def test_config_fixes_for_new_families():
+    g4 = {
+        "model_type": "gemma4_text",
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "per_layer_config": {"1": {"head_dim": 32, "num_key_value_heads": 2}, "3": {"head_dim": 32}},
+    }
+    fixes = config_fixes(g4)
+    assert (fixes["global_head_dim"], fixes["num_global_key_value_heads"]) == (32, 2)
+    wrapped = config_fixes({"model_type": "gemma4", "text_config": g4})
+    assert (
+        wrapped["text_config"]["global_head_dim"] == 32
+        and wrapped["text_config"]["model_type"] == "gemma4_text"
+    )
+    bad = {**g4, "per_layer_config": {"1": {"head_dim": 32}, "3": {"head_dim": 64}}}
+    with pytest.raises(ValueError, match="disagree on head_dim"):
+        config_fixes(bad)
+    assert config_fixes({"num_local_experts": 4, "rope_theta": 1.0}) == {"num_experts": 4}
+    nxt = {"model_type": "qwen3_next", "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    assert config_fixes(nxt) == {"full_attention_interval": 4}
+
+
+# ---- cross-runtime: logits and features ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_logits_and_features_match_across_runtimes(verifiers, fam):
+    hv, mv = verifiers["hf", fam], verifiers["mlx", fam]
+    L = hv.num_layers
+    for v in (hv, mv):
+        v.set_target_layers(range(L))  # every layer, the KV-shared ones included
+        v.reset()
+    assert hv.prefill(PROMPT) == mv.prefill(PROMPT)
+    expect = hv.features(PLEN, **KW)  # [P, L*H]: all positions, also of the KV-shared layers
+    assert expect.shape == (PLEN, L * 64)
+    atol = 2e-5 * float(expect.abs().max().clamp(min=5.0))
+    torch.testing.assert_close(mv.features(PLEN, **KW), expect, atol=atol, rtol=1e-4)
+    # one verify past the window through the caches: logits and features again
+    block = [5, 17, 250, 3, 99, 42, 7, 180]
+    a = hv.forward(block)  # [8, V]
+    b = torch.tensor(mv._forward(block, last_only=False).tolist())
+    torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
+    torch.testing.assert_close(mv.features(8, **KW), hv.features(8, **KW), atol=atol, rtol=1e-4)
+    for v in (hv, mv):
+        v.set_target_layers(())
+
+
+def test_capture_is_bit_exact_with_tuple_layers(verifiers):
+    """mlx_lm's Gemma 4 decoder layers return (h, kv, offset): the taps pass the tuple on untouched."""
+    v = verifiers["mlx", "gemma4"]
+    ids = mx.array(PROMPT)[None]
+    ref = v.model(ids)
+    v.set_target_layers(range(v.num_layers))
+    store: dict = {}
+    with v._tapped(store, last_only=False):
+        tapped = v.model(ids)
+    v.set_target_layers(())
+    assert mx.array_equal(ref, tapped).item() and sorted(store) == list(range(v.num_layers))
+
+
+# ---- greedy equivalence ----------------------------------------------------------------------------------
+
+
+def make_drafter(kind: str, ref: list[int], v, bs: int = 8):
+    kw = dict(
+        vocab=v.vocab_size, block_size=bs, target_layer_ids=(1, v.num_layers - 1), hidden_size=v.hidden_size
+    )
+    if kind == "all":
+        return ScriptedDrafter(PROMPT + ref, **kw)
+    if kind == "none":
+        return RandomDrafter(seed=3, **kw)
+    return ScriptedDrafter(PROMPT + ref, wrong_at={PLEN + i for i in (1, 2, 6, 13, 14, 15, 22)}, **kw)
+
+
+@pytest.mark.parametrize("kind", ["all", "none", "part"])
+@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("rt", RUNTIMES)
+def test_greedy_equivalence(verifiers, refs, rt, fam, kind):
+    v, ref = verifiers[rt, fam], refs[rt, fam]
+    drafter = make_drafter(kind, ref, v)
+    cfg = DecodeConfig(max_new_tokens=N_NEW, block_size=8, stop_token_ids=frozenset())
+    res = generate(v, PROMPT, drafter=drafter, cfg=cfg)
+    assert res.output_tokens == ref
+    steps = res.decode_steps
+    if kind == "all":
+        assert all(s.accepted == s.drafted for s in steps)
+    if kind == "part":
+        assert 0 < sum(s.accepted for s in steps) < sum(s.drafted for s in steps)
+    # the drafter got exactly the committed positions' features, equal to a one-shot prefill's
+    full = torch.cat(drafter.features)  # [P + n, K*H]
+    seq = PROMPT + ref
+    assert drafter.tokens == seq[: full.shape[0]]
+    v.set_target_layers(drafter.target_layer_ids)
+    v.reset()
+    v.prefill(seq[: full.shape[0]])
+    expect = v.features(full.shape[0], **KW)
+    # incremental vs one-shot kernels: fp32 noise relative to the activations (Gemma 4's reach ~30)
+    torch.testing.assert_close(full, expect, atol=1e-5 * float(expect.abs().max().clamp(min=1.0)), rtol=1e-5)
+    v.set_target_layers(())
+
+
+# ---- rollback past the window ----------------------------------------------------------------------------
+
+
+def _fresh_logits(v, seq: list[int]) -> torch.Tensor:
+    """Logits [T, V] of a cache-free forward over `seq`."""
+    if v.runtime == "hf":
+        with torch.inference_mode():
+            return v.model(torch.tensor([seq])).logits[0]
+    return torch.tensor(v.model(mx.array(seq)[None])[0].tolist())
+
+
+@pytest.mark.parametrize("fam", GEMMAS)
+@pytest.mark.parametrize("rt", RUNTIMES)
+def test_partial_rollbacks_past_the_window_match_full_recompute(verifiers, rt, fam):
+    v = verifiers[rt, fam]
+    v.set_target_layers(())
+    v.reset()
+    seq = list(PROMPT)
+    v.prefill(seq)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        block = torch.randint(0, v.vocab_size, (8,), generator=g).tolist()
+        v.verify(block)
+        keep = int(torch.randint(0, 9, (1,), generator=g))
+        v.rollback(8 - keep)
+        seq += block[:keep]
+        assert v.position == len(seq)
+    assert len(seq) > 2 * WINDOW
+    probe = [5, 6, 7]
+    cached = v.forward(probe) if rt == "hf" else torch.tensor(v._forward(probe, last_only=False).tolist())
+    fresh = _fresh_logits(v, seq + probe)[-3:]
+    torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
+    assert cached.argmax(-1).tolist() == fresh.argmax(-1).tolist()
+
+
+# ---- embedding and head callbacks ------------------------------------------------------------------------
+
+
+def _final_norm(v, h: torch.Tensor) -> torch.Tensor:
+    if v.runtime == "hf":
+        return v.model.model.norm(h)
+    return torch.tensor(text_model(v.model).model.norm(mx.array(h.numpy())).tolist())
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("rt", RUNTIMES)
+def test_embed_and_lm_head_reproduce_the_model(paths, verifiers, rt, fam):
+    v = verifiers[rt, fam]
+    from safetensors.torch import load_file
+
+    w = load_file(str(paths[fam] / "model.safetensors"))["model.embed_tokens.weight"]  # [V, H]
+    seq = torch.tensor(PROMPT[:12])
+    scale = 64**0.5 if fam in GEMMAS else 1.0  # Gemma: sqrt(hidden) in fp32 (no bf16 rounding in Gemma 4)
+    torch.testing.assert_close(v.embed_fn(**KW)(seq), w[seq] * scale, rtol=1e-6, atol=1e-6)
+    # head(final_norm(raw last-layer output)) == the model's logits (soft-capping included)
+    v.set_target_layers((v.num_layers - 1,))
+    v.reset()
+    v.verify(PROMPT)
+    logits = _fresh_logits(v, PROMPT)  # [P, V]
+    head = v.lm_head_fn(**KW)
+    torch.testing.assert_close(head(_final_norm(v, v.features(PLEN, **KW))), logits, rtol=1e-4, atol=1e-4)
+    v.set_target_layers(())
+    big = head(torch.randn(4, 64) * 100)
+    if fam in GEMMAS:
+        assert 25.0 < big.abs().max() <= 30.0  # tanh soft-capping at 30
+    else:
+        assert big.abs().max() > 30.0
+
+
+# ---- public drafter configs ------------------------------------------------------------------------------
+
+
+def public_drafter_config(fam: str, num_target_layers: int) -> dict:
+    """A config.json in the public DFlash format, in the shape of the public drafters for the family
+    (tiny widths: hidden size of the tiny targets)."""
+    base = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 128,
+        "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 4096, "vocab_size": 320,
+        "num_target_layers": num_target_layers, "block_size": 16, "attention_bias": False,
+    }  # fmt: skip
+    if fam in GEMMAS:  # gemma-4 drafters: 6 target features, 4 sliding + 1 full layers, window 2048
+        return {
+            **base, "num_hidden_layers": 5, "sliding_window": 2048, "final_logit_softcapping": 30.0,
+            "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+            "dflash_config": {"mask_token_id": 4, "target_layer_ids": list(range(6))},
+        }  # fmt: skip
+    # Qwen3-8B-DFlash-b16: 5 layers, default target layers (1..L-3 evenly), no sliding window
+    return {**base, "num_hidden_layers": 5, "dflash_config": {"mask_token_id": 319}}
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("rt", RUNTIMES)
+def test_public_drafter_config_loads_binds_and_decodes_exactly(tmp_path, verifiers, refs, rt, fam):
+    v = verifiers[rt, fam]
+    cfg = DFlashConfig.from_dict(public_drafter_config(fam, v.num_layers))
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "drafter", cfg, DFlashDraftModel(cfg).state_dict())
+    drafter = DFlashDrafter.from_pretrained(tmp_path / "drafter")
+    if fam in GEMMAS:
+        assert drafter.target_layer_ids == (0, 1, 2, 3, 4, 5) and drafter.feature_dim == 6 * 64
+        assert drafter.cfg.layer_types.count("sliding_attention") == 4 and drafter.cfg.sliding_window == 2048
+        assert drafter.cfg.extra["final_logit_softcapping"] == 30.0  # kept; the cap itself is the target's
+    else:
+        assert drafter.target_layer_ids == (1, 2, 3, 4, 5) and drafter.block_size == 16
+    drafter.bind(v)
+    res = generate(v, PROMPT, drafter=drafter, cfg=DecodeConfig(max_new_tokens=N_NEW, block_size=16,
+                                                                stop_token_ids=frozenset()))  # fmt: skip
+    assert res.output_tokens == refs[rt, fam]
+
+
+def test_drafter_mismatches_fail_clearly(verifiers):
+    g_cfg = DFlashConfig.from_dict(public_drafter_config("gemma4", 6))
+    q_cfg = DFlashConfig.from_dict(public_drafter_config("qwen3", 8))
+    for rt in RUNTIMES:
+        g, q = verifiers[rt, "gemma4"], verifiers[rt, "qwen3"]
+        with pytest.raises(ValueError, match=r"built for a target with 6 layers.*has 8"):
+            DFlashDrafter(DFlashDraftModel(g_cfg)).bind(q)
+        bad_ids = DFlashConfig.from_dict({**public_drafter_config("qwen3", 8), "dflash_config": {
+            "mask_token_id": 319, "target_layer_ids": [1, 3, 5, 7, 7]}})  # fmt: skip
+        with pytest.raises(ValueError, match=r"asks for target layers \[7, 7\].*has layers 0\.\.5"):
+            DFlashDrafter(DFlashDraftModel(bad_ids)).bind(g)
+        wide = public_drafter_config("qwen3", 8) | {"hidden_size": 128}
+        with pytest.raises(ValueError, match="expects features of width 640"):
+            DFlashDrafter(DFlashDraftModel(DFlashConfig.from_dict(wide))).bind(q)
+        with pytest.raises(ValueError, match="vocabulary size 262144"):
+            DFlashDrafter(DFlashDraftModel(DFlashConfig(**{**vars_of(q_cfg), "vocab_size": 262144}))).bind(q)
+
+
+def vars_of(cfg: DFlashConfig) -> dict:
+    return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "extra"}
+
+
+# ---- refused: models that cannot be rolled back ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def linear_attention_paths(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("linear")
+    small = dict(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_value_heads=2, linear_num_key_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=2,
+    )  # fmt: skip
+    moe = dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32
+    )
+    out = {}
+    for name, kw in (("qwen3_next", moe), ("qwen3_5_text", {})):
+        torch.manual_seed(0)
+        cfg = transformers.AutoConfig.for_model(name, **small, **kw)
+        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(root / name)
+        out[name] = root / name
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
+def test_linear_attention_models_refused_before_generation(linear_attention_paths, name):
+    v = HFVerifier(linear_attention_paths[name])
+    drafter = ScriptedDrafter(PROMPT, vocab=320, block_size=4)
+    with pytest.raises(RuntimeError, match=r"layer types \['linear_attention'\].*cannot roll back"):
+        generate(v, PROMPT[:8], drafter=drafter, cfg=DecodeConfig(max_new_tokens=4, block_size=4))
+    assert v.position == 0  # refused before any work
+
+
+def test_linear_attention_refused_on_mlx(linear_attention_paths):
+    v = MLXVerifier(linear_attention_paths["qwen3_next"])
+    drafter = ScriptedDrafter(PROMPT, vocab=320, block_size=4)
+    with pytest.raises(
+        RuntimeError, match=r"cache types \['ArraysCache'\] for its layer types \['linear_attention'\]"
+    ):
+        generate(v, PROMPT[:8], drafter=drafter, cfg=DecodeConfig(max_new_tokens=4, block_size=4))
+    assert v.position == 0
+    # mlx_lm has no text-only Qwen3.5: a clear load error, not a half-working model
+    with pytest.raises(ValueError, match="qwen3_5_text not supported"):
+        MLXVerifier(linear_attention_paths["qwen3_5_text"])
+
+
+# ---- transformers bug worked around ----------------------------------------------------------------------
+
+
+def test_gemma4_kv_sharing_without_per_layer_inputs(tmp_path):
+    """transformers 5.24: a Gemma 4 with KV-shared layers but no per-layer inputs fails in its own forward
+    (`_maybe_slice_kv_shared_inputs` slices `per_layer_inputs=None`) whenever `logits_to_keep` is an int,
+    so `model(ids)` and `generate` fail. HFVerifier passes position indices and works; if the first check
+    starts failing, transformers fixed it."""
+    path = tinymodels.tiny_gemma4(tmp_path / "g4", sliding_window=WINDOW, moe=True, kv_shared=2)
+    hv, mv = HFVerifier(path), MLXVerifier(path)
+    with pytest.raises(TypeError, match="NoneType"), torch.inference_mode():
+        hv.model(torch.tensor([PROMPT]))
+    ref = mlx_lm_greedy(mv, PROMPT, 16)
+    assert greedy_reference(hv, PROMPT, 16) == ref
+    for v in (hv, mv):
+        drafter = ScriptedDrafter(PROMPT + ref, wrong_at={PLEN + 3}, vocab=320, block_size=6,
+                                  target_layer_ids=(1, 5), hidden_size=64)  # fmt: skip
+        cfg = DecodeConfig(max_new_tokens=16, block_size=6, stop_token_ids=frozenset())
+        assert generate(v, PROMPT, drafter=drafter, cfg=cfg).output_tokens == ref
