@@ -15,12 +15,14 @@ specdec train --verifier hf --model smollm2-135m --verifier-dtype float32 \
   --num-layers 2 --heads 9 --kv-heads 3 --head-dim 64 --intermediate-size 1536 --block-size 8 \
   --steps "$STEPS" --batch-size 2 --max-anchors 32 --lr 1e-3 --holdout 8 --seed 0 --save-every 100
 # ship in bf16, public DFlash format
-python - "$W/run" <<'PY'
+# CKPT=500 exports checkpoint-000500 (the bundled drafter); default: the last checkpoint
+python - "$W/run" "${CKPT:-}" <<'PY'
 import sys, torch
 from pathlib import Path
 from specdec.dflash import DFlashDrafter
 from specdec.api import BUNDLED_DIR
-ckpt = sorted(Path(sys.argv[1]).glob("checkpoint-*"))[-1]
+run, step = Path(sys.argv[1]), sys.argv[2]
+ckpt = run / f"checkpoint-{int(step):06d}" if step else sorted(run.glob("checkpoint-*"))[-1]
 d = DFlashDrafter.from_pretrained(ckpt, dtype=torch.bfloat16)
 print(d.save_pretrained(BUNDLED_DIR / "smollm2-135m-dflash"))
 PY
