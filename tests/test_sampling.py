@@ -27,6 +27,15 @@ N_SAMPLES = 2000
 ALPHA = 1e-3  # false-alarm rate per test
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Even the slow-marked statistical tests run tiny models: one intra-op thread (see conftest)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def verifier() -> StubVerifier:
     cfg = StubConfig(vocab_size=V, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
