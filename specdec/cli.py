@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dtype", default="float32")
     d.add_argument("--limit", type=int, default=4)
     d.add_argument("--max-new-tokens", type=int, default=128)
-    d.add_argument("--block-size", type=int, default=16)
+    d.add_argument("--block-size", type=int, help="default: the drafter's block size")
     d.add_argument("--out", default="runs/demo")
     d.set_defaults(func=cmd_demo)
     return p
