@@ -117,15 +117,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     verifier = load_verifier(runtime, args.model, dtype=args.dtype, device="cpu")
-    drafter = load_drafter(
-        f"bundled:{args.model}",
-        verifier=verifier,
-        block_size=args.block_size,
-        device=device,
-        dtype=args.dtype,
-    )
+    drafter = load_drafter(f"bundled:{args.model}", verifier=verifier, device=device, dtype=args.dtype)
     records = load_dataset("humaneval", args.limit)
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size)
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size or drafter.block_size)
     print(
         f"{runtime} verifier {verifier.model_name} [{args.dtype}] + {drafter.name} on {device}",
         file=sys.stderr,
