@@ -474,7 +474,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="first N prompts of each dataset (default: all)")
     p.add_argument("--turns", type=int, choices=[1, 2], default=1, help="2: MT-Bench second turns too")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, help="default: the drafter's block size")
     p.add_argument("--verifier", choices=["stub", "hf", "mlx"], default="stub")
     p.add_argument("--model", help="short name (smollm2-135m, gemma3-270m), local HF folder or mlx repo id")
     p.add_argument("--drafter", default="prompt-lookup", help="'prompt-lookup' or a DFlash checkpoint folder")
@@ -503,11 +503,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from specdec.cli import sampling_of
 
     sampling = sampling_of(args)
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size, sampling=sampling)
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
+    lookup_block = args.block_size or 16  # prompt lookup has no block size of its own
     drafter = load_drafter(
-        args.drafter, verifier=verifier, block_size=args.block_size, device=args.device, dtype=args.dtype
+        args.drafter, verifier=verifier, block_size=lookup_block, device=args.device, dtype=args.dtype
     )
+    block_size = args.block_size or drafter.block_size
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=block_size, sampling=sampling)
     result = run_eval(
         verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,
         peers=not args.no_peers, warmup=not args.no_warmup, progress=not args.quiet,
