@@ -12,6 +12,7 @@ all of its device work (`list[int]` from propose/verify; the bridge materialises
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -80,9 +81,19 @@ def _features(verifier: Verifier, drafter: Drafter, n: int) -> torch.Tensor:
 
 
 def decode(
-    verifier: Verifier, prompt: Sequence[int], *, drafter: Drafter | None = None, cfg: DecodeConfig
+    verifier: Verifier,
+    prompt: Sequence[int],
+    *,
+    drafter: Drafter | None = None,
+    cfg: DecodeConfig,
+    keep: int = 0,
+    cancel: threading.Event | None = None,
 ) -> Iterator[StepRecord]:
-    """Yield the prefill record, then one record per decode step, the last with `finish_reason`."""
+    """Yield the prefill record, then one record per decode step, the last with `finish_reason`.
+
+    `keep` > 0: the verifier cache and the drafter context already hold `prompt[:keep]` (multi-turn
+    reuse); only the rest is prefilled. At every yield both hold prompt + output[:-1]. A set `cancel`
+    stops the loop before the next step (the caller records the cancellation)."""
     check_request(verifier, prompt, drafter, cfg)
     if cfg.block_size == 1:
         drafter = None
@@ -95,9 +106,10 @@ def decode(
     vprobe = verifier.memory_probe()
     dprobe = drafter.memory_probe() if drafter else None
     verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
-    verifier.reset()
-    if drafter:
-        drafter.reset()
+    if keep == 0:
+        verifier.reset()
+        if drafter:
+            drafter.reset()
 
     def finish(committed: list[int], n_out: int) -> tuple[list[int], str | None]:
         for i, t in enumerate(committed):
@@ -111,17 +123,17 @@ def decode(
     t0 = clock()
     vprobe.reset()
     first = (lambda logits: [sampler.first(logits, len(prompt))]) if sampler else None
-    token = verifier.prefill(prompt, sample=first)
+    token = verifier.prefill(prompt[keep:], sample=first)
     t1 = clock()
     vmem = vprobe.read()
     draft_s = bridge_s = 0.0
     dmem = _NO_DRAFTER
     out, reason = finish([token], 0)
-    if drafter and reason is None:
-        feats = _features(verifier, drafter, len(prompt))  # [P, K*H]
+    if drafter:
+        feats = _features(verifier, drafter, len(prompt) - keep)  # [P-keep, K*H]
         t2 = clock()
         dprobe.reset()
-        drafter.extend(feats, prompt)
+        drafter.extend(feats, prompt[keep:])
         dmem = dprobe.read()
         draft_s, bridge_s = clock() - t2, t2 - t1
     step_s = clock() - t0
@@ -132,7 +144,7 @@ def decode(
     )  # fmt: skip
 
     index, n_out = 0, len(out)
-    while reason is None:
+    while reason is None and not (cancel is not None and cancel.is_set()):
         index += 1
         room = limit - verifier.position  # >= 1: a step that filled the context finished the run
         # drafts past what max_new_tokens or the context can still take would be wasted work
@@ -157,15 +169,16 @@ def decode(
         vmem = vprobe.read()
         t2 = clock()
         a = n_accepted(draft, target)
-        verifier.rollback(len(draft) - a)
         committed, reason = finish([*draft[:a], target[a]], n_out)
+        c = len(committed)  # positions kept: token + draft[: c - 1] (c < a + 1 when cut at a stop)
+        verifier.rollback(len(draft) + 1 - c)
         if reason is None and verifier.position >= limit:
             reason = "context"
         t3 = t4 = clock()
-        if drafter and reason is None:
-            feats = _features(verifier, drafter, a + 1)  # [a+1, K*H]
+        if drafter:
+            feats = _features(verifier, drafter, c)  # [c, K*H]
             t4 = clock()
-            drafter.extend(feats, [token, *draft[:a]])
+            drafter.extend(feats, [token, *draft[: c - 1]])
         t5 = clock()
         draft_s, verify_s, bridge_s = (t1 - t0) + (t5 - t4), t2 - t1, t4 - t3
         yield StepRecord(

@@ -41,11 +41,10 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdec.engine import DecodeConfig, _features, check_request, n_accepted
-from specdec.memory import unmeasured
+from specdec.engine import DecodeConfig, check_request, decode
 from specdec.protocols import Drafter, Verifier
 from specdec.records import PromptResult, StepRecord, summarize
-from specdec.sampling import Sampler, SamplingParams
+from specdec.sampling import SamplingParams
 
 __all__ = [
     "FALLBACK_CHAT_FORMAT",
@@ -60,7 +59,6 @@ __all__ = [
     "text_decoder",
 ]
 
-_NO_DRAFTER = unmeasured("no drafter in this run")
 FALLBACK_CHAT_FORMAT = "<role>: <content>\\n per message, then 'assistant:'"
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
@@ -415,107 +413,25 @@ class Engine:
     def _steps(
         self, prompt: list[int], cfg: DecodeConfig, cancel: threading.Event, box: dict[str, int]
     ) -> Iterator[StepRecord]:
-        """Yield the prefill record, then one per step; at every yield both caches hold prompt + out[:-1]."""
+        """`engine.decode` from the kept cache; records what both caches hold (prompt + out[:-1])."""
         if cancel.is_set():
             return
-        verifier = self.verifier
-        drafter = self.drafter
-        stops = cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids
-        limit = self.max_context
-        clock = time.perf_counter
-        sp = cfg.sampling if cfg.sampling is not None and not cfg.sampling.greedy else None
-        sampler = Sampler(sp, limit) if sp else None
-        rule = sp.rule if sp else "greedy"
-        vprobe = verifier.memory_probe()
-        dprobe = drafter.memory_probe() if drafter else None
+        drafter = self.drafter if cfg.block_size > 1 else None
         try:
-            verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
             keep = box["reused"] = self._restore(prompt)
+            if drafter is None:
+                self._dtokens = None  # the drafter does not follow this run: its context is unknown after
             vt, dt = self._vtokens, self._dtokens
-
-            def finish(committed: list[int], n_out: int) -> tuple[list[int], str | None]:
-                for i, t in enumerate(committed):
-                    if t in stops:
-                        return committed[: i + 1], "stop"
-                    if n_out + i + 1 >= cfg.max_new_tokens:
-                        return committed[: i + 1], "length"
-                return committed, None
-
-            t0 = clock()
-            vprobe.reset()
-            first = (lambda logits: [sampler.first(logits, len(prompt))]) if sampler else None
-            token = verifier.prefill(prompt[keep:], sample=first)
-            vt += prompt[keep:]
-            t1 = clock()
-            vmem = vprobe.read()
-            draft_s = bridge_s = 0.0
-            dmem = _NO_DRAFTER
-            out, reason = finish([token], 0)
-            if drafter:
-                feats = _features(verifier, drafter, len(prompt) - keep)  # [P-keep, K*H]
-                t2 = clock()
-                dprobe.reset()
-                drafter.extend(feats, prompt[keep:])
-                dt += prompt[keep:]
-                dmem = dprobe.read()
-                draft_s, bridge_s = clock() - t2, t2 - t1
-            step_s = clock() - t0
-            yield StepRecord(
-                index=0, phase="prefill", drafted=0, accepted=0, acceptance_length=1, tokens=out,
-                draft_s=draft_s, verify_s=t1 - t0, bridge_s=bridge_s,
-                other_s=step_s - draft_s - (t1 - t0) - bridge_s, step_s=step_s,
-                peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
-            )  # fmt: skip
-
-            index, n_out = 0, len(out)
-            while reason is None and not cancel.is_set():
-                index += 1
-                room = limit - verifier.position  # >= 1: a step that filled the context finished the run
-                k = min(cfg.block_size - 1, cfg.max_new_tokens - n_out - 1, room - 1) if drafter else 0
-                pos = verifier.position + 1
-                q = None
-                t0 = clock()
-                if k > 0:
-                    dprobe.reset()
-                    if sampler and sp.proposal == "sample" and hasattr(drafter, "propose_logits"):
-                        draft, q = sampler.propose(drafter.propose_logits(token, k), pos)
-                    else:
-                        draft = drafter.propose(token, k)
-                    assert len(draft) <= k, f"drafter {drafter.name!r} proposed {len(draft)} > {k} tokens"
-                    dmem = dprobe.read()
-                else:
-                    draft, dmem = [], _NO_DRAFTER
-                t1 = clock()
-                vprobe.reset()
-                check = (lambda logits: sampler.verify(logits, draft, q, pos)) if sampler else None  # noqa: B023
-                target = verifier.verify([token, *draft], sample=check)  # [k+1]
-                vmem = vprobe.read()
-                t2 = clock()
-                a = n_accepted(draft, target)
-                committed, reason = finish([*draft[:a], target[a]], n_out)
-                c = len(committed)  # positions kept: token + draft[: c - 1] (c < a + 1 when cut at a stop)
-                verifier.rollback(len(draft) + 1 - c)
-                kept = [token, *draft[: c - 1]]
-                vt += kept
-                if reason is None and verifier.position >= limit:
-                    reason = "context"
-                t3 = t4 = clock()
-                if drafter:
-                    feats = _features(verifier, drafter, c)  # [c, K*H]
-                    t4 = clock()
-                    drafter.extend(feats, kept)
-                    dt += kept
-                t5 = clock()
-                draft_s, verify_s, bridge_s = (t1 - t0) + (t5 - t4), t2 - t1, t4 - t3
-                yield StepRecord(
-                    index=index, phase="decode", drafted=len(draft), accepted=a, acceptance_length=a + 1,
-                    tokens=committed, draft_s=draft_s, verify_s=verify_s, bridge_s=bridge_s,
-                    other_s=(t5 - t0) - draft_s - verify_s - bridge_s, step_s=t5 - t0,
-                    peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
-                    residual_resamples=sampler.resampled if rule == "rejection" else None,
-                )  # fmt: skip
-                n_out += c
-                token = committed[-1]
+            run_cfg = replace(cfg, max_context=self.max_context)
+            last = None
+            for step in decode(self.verifier, prompt, drafter=drafter, cfg=run_cfg, keep=keep, cancel=cancel):
+                # both caches just took the prompt's rest, or the last token + committed[:-1]
+                new = prompt[keep:] if last is None else [last, *step.tokens[:-1]]
+                vt += new
+                if dt is not None:
+                    dt += new
+                last = step.tokens[-1]
+                yield step
         except GeneratorExit:
             raise  # closed at a yield: the caches are consistent
         except BaseException:
