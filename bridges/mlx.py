@@ -170,14 +170,23 @@ def make_embed_fn(
 
 
 def make_lm_head_fn(
-    model: nn.Module, *, device: torch.device | str, dtype: torch.dtype, weight: torch.Tensor | None = None
+    model: nn.Module,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    weight: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> LMHeadFn:
-    """hidden [..., H] (after the model's final norm) -> logits [..., V] as the model's head computes them."""
+    """hidden [..., H] (after the model's final norm) -> logits [..., V] as the model's head computes them;
+    with `rows` (a draft vocabulary [K]) the logits [..., K] of those ids only, from a [K, H] copy."""
     head = head_module(model)
     if weight is None:
         weight = to_torch(dequantized_weight(head), device=device, dtype=dtype)  # [V, H]
     bias = head.get("bias") if isinstance(head, (nn.Linear, nn.QuantizedLinear)) else None
     b = to_torch(bias, device=device, dtype=dtype) if bias is not None else None  # [V]
+    if rows is not None:
+        rows = rows.to(device=weight.device)
+        weight, b = weight[rows], None if b is None else b[rows]  # [K, H], [K]
     cap = final_softcap(model)
 
     def lm_head(h: torch.Tensor) -> torch.Tensor:

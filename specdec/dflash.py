@@ -241,6 +241,9 @@ class DFlashDraftModel(nn.Module):
         # Built on the CPU explicitly: from_pretrained constructs the module under torch.device("meta").
         arange = torch.arange(0, D, 2, dtype=torch.float32, device="cpu")
         self._inv_freq = 1.0 / cfg.rope_theta ** (arange / D)
+        # [K] int64 vocabulary ids the drafter reads out (in the state dict; .to(dtype) leaves it), or None
+        vocab = None if cfg.draft_vocab_size is None else torch.arange(cfg.draft_vocab_size)
+        self.register_buffer("draft_vocab", vocab)
 
     @property
     def device(self) -> torch.device:
@@ -423,8 +426,16 @@ class DFlashProposer:
         measure_memory: bool = False,
         capacity: int = 256,
     ) -> None:
+        """`lm_head_fn` maps to the model's draft vocabulary ([..., K] over `model.draft_vocab`) when it
+        has one, else to the full vocabulary."""
         self.model, self.embed_fn, self.lm_head_fn = model, embed_fn, lm_head_fn
         self.cfg = cfg = model.cfg
+        self.rows = model.draft_vocab  # [K] or None
+        # the logit column of the mask token (never proposed); None when the draft vocabulary lacks it
+        self._mask_col: int | None = cfg.mask_token_id
+        if self.rows is not None:
+            hit = (self.rows == cfg.mask_token_id).nonzero()  # one host read, at bind time
+            self._mask_col = int(hit[0, 0]) if len(hit) else None
         self.block_size = cfg.block_size
         self.measure_memory = measure_memory
         self.cache = DFlashCache(cfg, device=model.device, dtype=model.dtype, capacity=capacity)
@@ -458,14 +469,23 @@ class DFlashProposer:
 
     @torch.inference_mode()
     def block_logits(self, last_token: int, n: int) -> torch.Tensor:
-        """Logits [n, V] of block positions 1..n (mask token at -inf) with `last_token` at context_len."""
+        """Logits [n, K] over the draft vocabulary (K = V without one) of block positions 1..n, the mask
+        token at -inf, with `last_token` at context_len."""
         self._block_ids[0] = last_token  # a device-side fill: no host sync
         emb = self.embed_fn(self._block_ids)[None]  # [1, bs, H]
         hidden = self.model.forward_cached(self.cache, emb)  # [1, bs, H]
-        logits = self.lm_head_fn(hidden[0, 1 : n + 1])  # [n, V]
-        if self.cfg.mask_token_id < logits.shape[-1]:
-            logits[:, self.cfg.mask_token_id] = float("-inf")
+        logits = self.lm_head_fn(hidden[0, 1 : n + 1])  # [n, K]
+        if self._mask_col is not None and self._mask_col < logits.shape[-1]:
+            logits[:, self._mask_col] = float("-inf")
         return logits
+
+    def vocab_logits(self, last_token: int, n: int) -> torch.Tensor:
+        """Logits [n, V] over the full vocabulary: ids outside the draft vocabulary at -inf."""
+        logits = self.block_logits(last_token, n)  # [n, K]
+        if self.rows is None:
+            return logits
+        full = logits.new_full((n, self.cfg.vocab_size), float("-inf"))  # [n, V]
+        return full.index_copy_(1, self.rows, logits)
 
     def propose_block(self, last_token: int, n: int | None = None) -> BlockProposal:
         """Greedy block: n tokens (default block_size - 1) to follow `last_token`.
@@ -482,7 +502,10 @@ class DFlashProposer:
             self._probe = self._probe or self.memory_probe()
             before = torch.cuda.memory_allocated(dev) if cuda else 0
             self._probe.reset()
-        tokens = self.block_logits(last_token, n).argmax(dim=-1).tolist()  # the one sync of a proposal
+        best = self.block_logits(last_token, n).argmax(dim=-1)  # [n] columns
+        if self.rows is not None:
+            best = self.rows[best]  # [n] vocabulary ids
+        tokens = best.tolist()  # the one sync of a proposal
         peak_act, record = None, None
         if self.measure_memory:
             record = self._probe.read()
@@ -559,11 +582,21 @@ class DFlashDrafter:
                 "another model"
             )
         embed = verifier.embed_fn(device=self.device, dtype=self.dtype)
-        head = verifier.lm_head_fn(device=self.device, dtype=self.dtype)
-        self.bind_fns(embed, head)
+        rows = self.model.draft_vocab
+        head = verifier.lm_head_fn(device=self.device, dtype=self.dtype, rows=rows)  # [..., K] (or V)
+        self.bind_fns(embed, head, over_draft_vocab=True)
 
-    def bind_fns(self, embed_fn: EmbedFn, lm_head_fn: LMHeadFn) -> None:
-        """Bind the embedding / LM head callbacks directly (no verifier checks)."""
+    def bind_fns(self, embed_fn: EmbedFn, lm_head_fn: LMHeadFn, *, over_draft_vocab: bool = False) -> None:
+        """Bind the embedding / LM head callbacks directly (no verifier checks). `lm_head_fn` maps to the
+        full vocabulary unless `over_draft_vocab` (then to the model's draft vocabulary, as the verifiers'
+        `lm_head_fn(rows=...)` build it, which skips the unused rows)."""
+        rows = self.model.draft_vocab
+        if rows is not None and not over_draft_vocab:
+            full_head = lm_head_fn
+
+            def lm_head_fn(h: torch.Tensor) -> torch.Tensor:
+                return full_head(h).index_select(-1, rows)  # [..., K]
+
         self.proposer = DFlashProposer(self.model, embed_fn, lm_head_fn, measure_memory=self.measure_memory)
 
     def reset(self) -> None:
@@ -582,7 +615,7 @@ class DFlashDrafter:
 
     def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
         """Logits [n, V] of the next n positions, for sampled proposals at temperature > 0."""
-        return self._need().block_logits(last_token, n)
+        return self._need().vocab_logits(last_token, n)
 
     def rollback(self, n: int) -> None:
         self._need().rollback(n)

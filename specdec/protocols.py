@@ -96,7 +96,12 @@ class Verifier(Protocol):
 
     def embed_fn(self, *, device: torch.device, dtype: torch.dtype) -> EmbedFn: ...
 
-    def lm_head_fn(self, *, device: torch.device, dtype: torch.dtype) -> LMHeadFn: ...
+    def lm_head_fn(
+        self, *, device: torch.device, dtype: torch.dtype, rows: torch.Tensor | None = None
+    ) -> LMHeadFn:
+        """hidden [..., H] after the final norm -> logits [..., V] (softcap included); with `rows`
+        (vocabulary ids [K], a drafter's draft vocabulary) logits [..., K] of those ids only."""
+        ...
 
     def memory_probe(self) -> MemoryProbe: ...
 

@@ -285,9 +285,13 @@ def extract_heads(verifier: Verifier) -> tuple[dict[str, torch.Tensor], float | 
 
 
 def load_heads(
-    dataset_dir: str | os.PathLike[str], *, device: torch.device, dtype: torch.dtype = torch.float32
+    dataset_dir: str | os.PathLike[str],
+    *,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    rows: torch.Tensor | None = None,
 ) -> tuple[EmbedFn, LMHeadFn]:
-    """embed_fn / lm_head_fn from a dataset's `heads.safetensors`."""
+    """embed_fn / lm_head_fn from a dataset's `heads.safetensors` (the head over `rows` only if given)."""
     from safetensors import safe_open
 
     path = Path(dataset_dir) / HEADS_NAME
@@ -299,6 +303,9 @@ def load_heads(
         meta = f.metadata() or {}
         t = {k: f.get_tensor(k).to(device=device, dtype=dtype) for k in f.keys()}  # noqa: SIM118
     emb, w, b = t["embed"], t["lm_head"], t.get("lm_head_bias")
+    if rows is not None:
+        rows = rows.to(device)
+        w, b = w[rows], None if b is None else b[rows]  # [K, H], [K]
     cap = float(meta["softcap"]) if meta.get("softcap", "none") != "none" else None
 
     def embed_fn(ids: torch.Tensor) -> torch.Tensor:
@@ -532,6 +539,7 @@ class TrainConfig:
     target_layer_ids: tuple[int, ...] | None = None  # None: the dataset's (a subset of them is allowed)
     mask_token_id: int | None = None  # None: vocab_size - 1
     rope_theta: float = 1_000_000.0
+    draft_vocab_size: int | None = None  # K: read out only the K ids most written in the data; None: all
     # optimisation
     lr: float = 6e-4
     weight_decay: float = 0.0
@@ -587,6 +595,10 @@ class TrainConfig:
             problems.append(f"gamma must be > 0, got {self.gamma}")
         if self.kl_weight < 0:
             problems.append(f"kl_weight must be >= 0, got {self.kl_weight}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            problems.append(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}")
+        if self.draft_vocab_size is not None and self.kl_weight > 0:
+            problems.append("kl_weight > 0 with a draft_vocab_size is not supported (soft labels span all V)")
         if not 0 <= self.warmup_ratio < 1:
             problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -622,11 +634,14 @@ def drafter_config(cfg: TrainConfig, index: dict[str, Any]) -> DFlashConfig:
     mask = V - 1 if cfg.mask_token_id is None else cfg.mask_token_id
     if not 0 <= mask < V:
         raise ValueError(f"mask_token_id {mask} outside the vocabulary 0..{V - 1}")
+    if cfg.draft_vocab_size is not None and cfg.draft_vocab_size >= V:
+        raise ValueError(f"draft_vocab_size {cfg.draft_vocab_size} must be below the vocabulary size {V}")
     return DFlashConfig(
         hidden_size=H, num_hidden_layers=cfg.num_layers, num_attention_heads=heads, num_key_value_heads=kv,
         head_dim=cfg.head_dim or H // heads, intermediate_size=cfg.intermediate_size or 3 * H,
         vocab_size=V, num_target_layers=int(v["num_layers"]), mask_token_id=mask,
         block_size=cfg.block_size, target_layer_ids=ids, rope_theta=cfg.rope_theta,
+        draft_vocab_size=cfg.draft_vocab_size,
     )  # fmt: skip
 
 
@@ -714,6 +729,12 @@ def block_loss(
     T, A = batch.ids.shape[1], batch.anchors.shape[1]
     posw = position_weights(bs, gamma, dev)  # [bs-1]
     offs = torch.arange(1, bs, device=dev)  # [bs-1]
+    rows = getattr(model, "draft_vocab", None)  # [K]: `lm_head_fn` reads out these ids only
+    col_of = None
+    if rows is not None:  # [V] logit column of each vocabulary id, -1 outside the draft vocabulary
+        col_of = torch.full((cfg.vocab_size,), -1, dtype=torch.long, device=dev)
+        col_of[rows] = torch.arange(len(rows), device=dev)
+    mask_col = mask_id if col_of is None else int(col_of[mask_id])
     ctx = model.project(batch.features.to(model.dtype))  # [B, T, H]
     ctx_kv = model.context_kv(ctx, torch.arange(T, device=dev)[None])  # per layer [B, nkv, T, D]
     flat_kv = [t for pair in ctx_kv for t in pair]
@@ -723,11 +744,16 @@ def block_loss(
         blk = torch.full((*anc.shape, bs), mask_id, dtype=batch.ids.dtype, device=dev)
         blk[:, :, 0] = torch.gather(batch.ids, 1, anc)  # [B, C, bs]: [x_anchor, MASK...]
         hidden = _chunk_hidden(model, list(zip(kv[0::2], kv[1::2])), anc, embed_fn(blk), T)  # [B, C, bs, H]
-        logits = lm_head_fn(hidden[:, :, 1:]).float()  # [B, C, bs-1, V]
+        logits = lm_head_fn(hidden[:, :, 1:]).float()  # [B, C, bs-1, V] (K with a draft vocabulary)
         tpos = (anc[:, :, None] + offs).clamp(max=T - 1)  # [B, C, bs-1] label positions a+k
         labels = torch.gather(batch.ids, 1, tpos.flatten(1)).view_as(tpos)  # [B, C, bs-1]
+        known = valid[:, :, None].expand_as(labels)  # [B, C, bs-1] supervised positions
+        if col_of is not None:  # labels outside the draft vocabulary cannot be drafted: no loss, wrong
+            labels = col_of[labels]
+            known = known & (labels >= 0)
+            labels = labels.clamp(min=0)
         logp = torch.log_softmax(logits, -1)
-        w = valid[:, :, None].float() * posw  # [B, C, bs-1]
+        w = known.float() * posw  # [B, C, bs-1]
         loss = (-logp.gather(-1, labels[..., None]).squeeze(-1) * w).sum()
         if kl_weight > 0:
             assert batch.topk_logp is not None and batch.topk_ids is not None
@@ -740,9 +766,9 @@ def block_loss(
             loss = loss + kl_weight * (kl * w).sum()
         with torch.no_grad():
             pred = logits.detach().clone()
-            if mask_id < pred.shape[-1]:
-                pred[..., mask_id] = float("-inf")  # never proposed at inference
-            ok = (pred.argmax(-1) == labels) & valid[:, :, None]  # [B, C, bs-1]
+            if 0 <= mask_col < pred.shape[-1]:
+                pred[..., mask_col] = float("-inf")  # never proposed at inference
+            ok = (pred.argmax(-1) == labels) & known  # [B, C, bs-1]
             run_len = torch.cumprod(ok.long(), -1).sum(-1)  # [B, C] leading correct positions
             n = valid.sum().float()
             stats = torch.stack([ok.sum().float(), n * (bs - 1), ((run_len + 1) * valid).sum().float(), n])
@@ -934,6 +960,25 @@ def acceptance_length(
 # training
 
 
+def draft_vocabulary(data: TrainData, seqs: Sequence[int], k: int, mask_token_id: int) -> torch.Tensor:
+    """[k] int64: the vocabulary ids the verifier writes most often in the responses of `seqs`, then the
+    most frequent prompt ids, then the lowest ids (BPE merges come roughly in frequency order); never
+    the mask token. Ties break towards the lower id, so the choice is deterministic."""
+    V = int(data.verifier["vocab_size"])
+    resp = torch.zeros(V, dtype=torch.float64)
+    prompt = torch.zeros(V, dtype=torch.float64)
+    for i in seqs:
+        ids = data.get(i, "ids").long()  # [T]
+        n = data.sequences[i]["prompt_len"]
+        resp += torch.bincount(ids[n:], minlength=V).double()
+        prompt += torch.bincount(ids[:n], minlength=V).double()
+    resp[mask_token_id] = prompt[mask_token_id] = -1.0
+    order = torch.arange(V)  # lexicographic by stable sorts, least significant key first
+    for key in (prompt, resp):
+        order = order[key[order].argsort(descending=True, stable=True)]
+    return order[:k].sort().values
+
+
 def _lr_lambda(total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
     def f(step: int) -> float:
         if step < warmup:
@@ -1022,11 +1067,9 @@ def _train(
 
     torch.manual_seed(cfg.seed)
     model = DFlashDraftModel(dcfg).to(dev).train()
-    if verifier is not None:
-        embed_fn = verifier.embed_fn(device=dev, dtype=torch.float32)
-        head_fn = verifier.lm_head_fn(device=dev, dtype=torch.float32)
-    else:
-        embed_fn, head_fn = load_heads(data.path, device=dev)
+    if model.draft_vocab is not None:  # from the training split only (a resume loads the stored one)
+        model.draft_vocab.copy_(draft_vocabulary(data, train_idx, dcfg.draft_vocab_size, dcfg.mask_token_id))
+
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, warmup, cfg.min_lr_ratio))
@@ -1048,6 +1091,12 @@ def _train(
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         assert int(st["step"]) == start
+    rows = model.draft_vocab
+    if verifier is not None:
+        embed_fn = verifier.embed_fn(device=dev, dtype=torch.float32)
+        head_fn = verifier.lm_head_fn(device=dev, dtype=torch.float32, rows=rows)
+    else:
+        embed_fn, head_fn = load_heads(data.path, device=dev, rows=rows)
     if ctx.main:
         out.mkdir(parents=True, exist_ok=True)
     ctx.barrier()
@@ -1184,7 +1233,8 @@ def _save(
     """checkpoint-NNNNNN/ (public format + trainer_state.pt), written to a temporary name and renamed."""
     path, tmp = out / f"checkpoint-{step:06d}", out / f".tmp-checkpoint-{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(tmp, dcfg, {k: v.detach().float() for k, v in model.state_dict().items()})
+    state = {k: v.detach().float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    save_checkpoint(tmp, dcfg, state)
     state = {
         "step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
         "train_config": {f.name: getattr(cfg, f.name) for f in fields(cfg)}, "dataset": str(data.path),
@@ -1231,6 +1281,10 @@ def add_train_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--block-size", type=int, default=d.block_size)
     t.add_argument("--target-layer-ids", type=_ints, help="default: the dataset's layers")
     t.add_argument("--mask-token-id", type=int)
+    t.add_argument(
+        "--draft-vocab", type=int, dest="draft_vocab_size",
+        help="read out only the K ids the verifier writes most in the data (faster to train and run)",
+    )  # fmt: skip
     t.add_argument("--lr", type=float, default=d.lr)
     t.add_argument("--steps", type=int)
     t.add_argument("--epochs", type=float, default=d.epochs)
@@ -1255,6 +1309,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         num_layers=args.num_layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim, intermediate_size=args.intermediate_size, block_size=args.block_size,
         target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, lr=args.lr,
+        draft_vocab_size=args.draft_vocab_size,
         steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, max_anchors=args.max_anchors,
         attn_chunk=args.attn_chunk, gamma=args.gamma, kl_weight=args.kl_weight, seed=args.seed,
         dtype=args.dtype, device=args.device, out_dir=args.out, save_every=args.save_every,

@@ -14,8 +14,11 @@ import importlib
 import inspect
 import json
 import random
+import re
 import warnings
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 STDLIB_MODULES = (
     "string", "textwrap", "re", "difflib", "math", "statistics", "fractions", "decimal", "random",
@@ -53,6 +56,21 @@ _CHAT_TEMPLATES = (
     "Write a dialogue between two friends who disagree about {t}.",
 )  # fmt: skip
 
+_CHAT_TEMPLATES_MORE = (
+    "A shop sells {t} kits for 12 dollars each and gives 15% off orders of 10 or more. How much do 14 "
+    "kits cost? Explain each step.",
+    "Extract every noun phrase from this sentence and return them as a JSON list: 'Experts on {t} met "
+    "in the old library to discuss {u} and the future of research.'",
+    "Reason step by step: if every expert on {t} also studies {u}, and Sam studies {u}, must Sam be an "
+    "expert on {t}?",
+    "Write a Python function that returns the number of words in a text about {t}, with a docstring and "
+    "two doctests.",
+    "Write a table in Markdown with three facts about {t} and three facts about {u}.",
+    "Give a one-paragraph answer, then a one-sentence answer: why does {t} matter?",
+    "Translate into simple English for a language learner: a short explanation of {t}.",
+    "You are a teacher. Grade this student answer from 1 to 10 and explain: '{t} is the same as {u}.'",
+)  # fmt: skip
+
 _TOPICS = (
     "photosynthesis", "compound interest", "the water cycle", "machine learning", "black holes",
     "the French Revolution", "volcanoes", "public transport", "sourdough baking", "chess openings",
@@ -68,51 +86,110 @@ _TOPICS = (
 )  # fmt: skip
 
 
-def stdlib_code_prompts(limit: int | None = None) -> list[str]:
-    """One prompt per documented public stdlib function, in a stable order."""
-    seen, prompts = set(), []
+def _modules() -> list[Any]:
+    mods = []
     for name in STDLIB_MODULES:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                mod = importlib.import_module(name)
+                mods.append(importlib.import_module(name))
             except ImportError:
                 continue
+    return mods
+
+
+def _function_prompt(name: str, fn: Any, seen: set[tuple[str, str]], indent: str = "") -> str | None:
+    doc = inspect.getdoc(fn)
+    try:
+        sig = re.sub(r" at 0x[0-9a-fA-F]+", "", str(inspect.signature(fn)))  # no per-process addresses
+    except (TypeError, ValueError):
+        return None
+    if not doc or len(doc) < 20 or (name, sig) in seen:
+        return None
+    seen.add((name, sig))
+    pad = indent + "    "
+    body = "\n".join(pad + line if line else "" for line in doc.split("\n\n")[0].splitlines())
+    return f'{indent}def {name}{sig}:\n{pad}"""\n{body}\n{pad}"""\n'
+
+
+def stdlib_code_prompts(limit: int | None = None) -> list[str]:
+    """One prompt per documented public stdlib function, in a stable order."""
+    seen: set[tuple[str, str]] = set()
+    prompts = []
+    for mod in _modules():
         for attr, fn in sorted(vars(mod).items()):
             if attr.startswith("_") or not inspect.isfunction(fn) or fn.__module__ != mod.__name__:
                 continue
-            doc = inspect.getdoc(fn)
-            try:
-                sig = str(inspect.signature(fn))
-            except (TypeError, ValueError):
-                continue
-            if not doc or len(doc) < 20 or (attr, sig) in seen:
-                continue
-            seen.add((attr, sig))
-            body = "\n".join("    " + line if line else "" for line in doc.split("\n\n")[0].splitlines())
-            code = f'def {attr}{sig}:\n    """\n{body}\n    """\n'
-            prompts.append(f"Complete the following Python function:\n```python\n{code}```")
+            code = _function_prompt(attr, fn, seen)
+            if code:
+                prompts.append(f"Complete the following Python function:\n```python\n{code}```")
     return prompts[:limit]
 
 
-def chat_prompts(n: int, *, seed: int = 0) -> list[str]:
-    """`n` distinct instructions from the templates and topics above."""
+def stdlib_method_prompts(limit: int | None = None) -> list[str]:
+    """One prompt per documented public method of a public stdlib class, in a stable order."""
+    seen: set[tuple[str, str]] = set()
+    prompts = []
+    for mod in _modules():
+        for cname, cls in sorted(vars(mod).items()):
+            if cname.startswith("_") or not inspect.isclass(cls) or cls.__module__ != mod.__name__:
+                continue
+            for attr, fn in sorted(vars(cls).items()):
+                if attr.startswith("_") or not inspect.isfunction(fn):
+                    continue
+                code = _function_prompt(attr, fn, seen, indent="    ")
+                if code:
+                    prompts.append(
+                        f"Complete the method of class `{cname}` (module `{mod.__name__}`):\n"
+                        f"```python\nclass {cname}:\n{code}```"
+                    )
+    return prompts[:limit]
+
+
+def chat_prompts(
+    n: int, *, seed: int = 0, templates: Sequence[str] = _CHAT_TEMPLATES, exclude: Iterable[str] = ()
+) -> list[str]:
+    """`n` distinct instructions from `templates` and the topics above, none of them in `exclude`."""
     rng = random.Random(seed)
+    skip = set(exclude)
     out: set[str] = set()
-    limit = len(_CHAT_TEMPLATES) * len(_TOPICS)
+    limit = len(templates) * len(_TOPICS) - len(skip)
     while len(out) < min(n, limit):
         t, u = rng.sample(_TOPICS, 2)
-        out.add(rng.choice(_CHAT_TEMPLATES).format(t=t, u=u))
-    return sorted(out, key=lambda s: rng.random())
+        text = rng.choice(templates).format(t=t, u=u)
+        if text not in skip:
+            out.add(text)
+    items = sorted(out)  # a set's order follows the per-process string hash: sort before shuffling
+    rng.shuffle(items)
+    return items
+
+
+def _write_rows(path: Path, rows: list[tuple[str, str]], prefix: str = "") -> Path:
+    with open(path, "w") as f:
+        for i, (source, text) in enumerate(rows):
+            messages = [{"role": "user", "content": text}]
+            rid = f"{prefix}{source}-{i}"
+            f.write(json.dumps({"id": rid, "source": source, "messages": messages}) + "\n")
+    return path
 
 
 def write_prompts(path: str | Path, *, n_code: int | None = None, n_chat: int = 600, seed: int = 0) -> Path:
     """A JSONL of {"id", "source", "messages"} records, code first then chat."""
-    path = Path(path)
     rows = [("code", p) for p in stdlib_code_prompts(n_code)]
     rows += [("chat", p) for p in chat_prompts(n_chat, seed=seed)]
-    with open(path, "w") as f:
-        for i, (source, text) in enumerate(rows):
-            messages = [{"role": "user", "content": text}]
-            f.write(json.dumps({"id": f"{source}-{i}", "source": source, "messages": messages}) + "\n")
-    return path
+    return _write_rows(Path(path), rows)
+
+
+def write_more_prompts(
+    path: str | Path, *, after_code: int, after_chat: int, n_method: int, n_chat: int, seed: int = 0
+) -> Path:
+    """A second, disjoint set after `write_prompts(n_code=after_code, n_chat=after_chat, seed=seed)`:
+    the remaining stdlib functions, `n_method` stdlib methods, and `n_chat` instructions from all
+    templates (including the reasoning / math / extraction ones) that the first set does not hold.
+    Ids start with "more-" so both sets can share one dataset directory."""
+    first = set(chat_prompts(after_chat, seed=seed))
+    rows = [("code", p) for p in stdlib_code_prompts()[after_code:]]
+    rows += [("method", p) for p in stdlib_method_prompts(n_method)]
+    templates = _CHAT_TEMPLATES + _CHAT_TEMPLATES_MORE
+    rows += [("chat", p) for p in chat_prompts(n_chat, seed=seed + 1, templates=templates, exclude=first)]
+    return _write_rows(Path(path), rows, prefix="more-")

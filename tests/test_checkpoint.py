@@ -243,3 +243,21 @@ def test_save_refuses_a_wrong_state(tmp_path):
     with pytest.raises(ValueError, match=r"missing 1 weights: \['layers.1.mlp.up_proj.weight'\]"):
         save_checkpoint(tmp_path, cfg, state)
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_draft_vocabulary_round_trip(tmp_path):
+    cfg = tiny_cfg(draft_vocab_size=5)
+    model = DFlashDraftModel(cfg)
+    model.draft_vocab.copy_(torch.tensor([0, 2, 4, 6, 8]))
+    DFlashDrafter(model).save_pretrained(tmp_path / "ckpt")
+    raw = json.loads((tmp_path / "ckpt/config.json").read_text())
+    assert raw["dflash_config"]["draft_vocab_size"] == 5 and raw["dtype"] == "float32"
+    loaded = DFlashDrafter.from_pretrained(tmp_path / "ckpt", dtype=torch.bfloat16)
+    assert loaded.cfg == cfg and loaded.model.draft_vocab.dtype == torch.int64
+    assert loaded.model.draft_vocab.tolist() == [0, 2, 4, 6, 8]
+    state = random_state(cfg)
+    for bad, match in ((torch.tensor([0, 2, 2, 6, 8]), "repeated"), (torch.full((5,), 10**6), "must lie")):
+        with pytest.raises(ValueError, match=match):
+            save_checkpoint(tmp_path / "bad", cfg, {**state, "draft_vocab": bad})
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        tiny_cfg(draft_vocab_size=0)

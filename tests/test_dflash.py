@@ -376,3 +376,35 @@ def test_drafter_extend_checks_lengths():
     drafter.bind(StubVerifier())
     with pytest.raises(ValueError, match="3 positions but 2 tokens"):
         drafter.extend(torch.randn(3, 128), [1, 2])
+
+
+# ---- a draft vocabulary (shortlist) ------------------------------------------------------------------------
+
+
+def test_draft_vocabulary_reads_out_only_its_ids():
+    """With a draft vocabulary the verifier's head is cut to K rows at bind time; the proposals must be
+    what the full head would give restricted to those ids, and decoding stays exact."""
+    verifier = StubVerifier()
+    rows = torch.tensor([3, 5, 17, 40, 41, 99, 200, 258])  # the mask (258) too: it must never be proposed
+    model = make_model(stub_cfg(draft_vocab_size=len(rows)))
+    model.draft_vocab.copy_(rows)
+    fast, slow = DFlashDrafter(model), DFlashDrafter(model)
+    fast.bind(verifier)  # the verifier builds a [K, H] head
+    full = verifier.lm_head_fn(device=torch.device("cpu"), dtype=torch.float32)
+    slow.bind_fns(verifier.embed_fn(device=torch.device("cpu"), dtype=torch.float32), full)
+    feats = torch.randn(9, fast.feature_dim)
+    for d in (fast, slow):
+        d.extend(feats, list(range(9)))
+    a, b = fast.propose_logits(7, 7), slow.propose_logits(7, 7)  # [7, V]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    outside = torch.ones(259, dtype=torch.bool)
+    outside[rows[:-1]] = False
+    assert torch.isinf(a[:, outside]).all() and torch.isfinite(a[:, rows[:-1]]).all()
+    tokens = fast.propose(7, 7)
+    assert tokens == slow.propose(7, 7) == a.argmax(-1).tolist()
+    assert set(tokens) <= set(rows[:-1].tolist())
+    prompt = verifier.tokenizer.encode("a shortlist cannot change the output")
+    fast.reset()
+    base = generate(verifier, prompt, cfg=DecodeConfig(max_new_tokens=40, block_size=1))
+    spec = generate(verifier, prompt, drafter=fast, cfg=DecodeConfig(max_new_tokens=40, block_size=8))
+    assert spec.output_tokens == base.output_tokens

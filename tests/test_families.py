@@ -274,7 +274,10 @@ def test_embed_and_lm_head_reproduce_the_model(paths, verifiers, rt, fam):
     head = v.lm_head_fn(**KW)
     torch.testing.assert_close(head(_final_norm(v, v.features(PLEN, **KW))), logits, rtol=1e-4, atol=1e-4)
     v.set_target_layers(())
-    big = head(torch.randn(4, 64) * 100)
+    x = torch.randn(4, 64) * 100
+    big = head(x)
+    rows = torch.tensor([0, 5, 7, 100, 255])  # a draft vocabulary: the same logits, only these columns
+    torch.testing.assert_close(v.lm_head_fn(**KW, rows=rows)(x), big[:, rows], rtol=1e-5, atol=1e-4)
     if fam in GEMMAS:
         assert 25.0 < big.abs().max() <= 30.0  # tanh soft-capping at 30
     else:

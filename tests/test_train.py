@@ -9,13 +9,15 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.dflash import DFlashDraftModel
+from specdec.dflash import DFlashDrafter, DFlashDraftModel
+from specdec.engine import DecodeConfig, generate
 from specdec.train import (
     Batch,
     TrainConfig,
@@ -383,3 +385,31 @@ def test_hf_batched_generate_matches_engine(tmp_path: Path) -> None:
     for p, got in zip(prompts, batched):
         want = generate(v, p, cfg=DecodeConfig(max_new_tokens=12, block_size=1)).output_tokens
         assert got == want
+
+
+def test_draft_vocabulary_training(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
+    """--draft-vocab K: the drafter reads out the K ids most written in the training responses (ties by
+    prompt count, then id), learns on them, and is stored with them; it then drafts only those ids."""
+    cfg = tiny(tmp_path / "run", steps=60, draft_vocab_size=24, log_every=20)
+    ckpt = train(None, data, cfg)
+    d = TrainData(data)
+    resp: Counter[int] = Counter()
+    prompt: Counter[int] = Counter()
+    for i, s in enumerate(d.sequences):
+        ids = d.get(i, "ids").tolist()
+        resp.update(ids[s["prompt_len"] :])
+        prompt.update(ids[: s["prompt_len"]])
+    mask = stub.vocab_size - 1
+    ranked = sorted((t for t in range(stub.vocab_size) if t != mask), key=lambda t: (-resp[t], -prompt[t], t))
+    drafter = DFlashDrafter.from_pretrained(ckpt)
+    assert drafter.model.draft_vocab.tolist() == sorted(ranked[:24])
+    rows = log_rows(tmp_path / "run")
+    assert rows[-1]["acc_mean"] > rows[0]["acc_mean"]
+    drafter.bind(stub)
+    prompt_ids = stub.tokenizer.encode(PROMPTS[0])
+    base = generate(stub, prompt_ids, cfg=DecodeConfig(max_new_tokens=32, block_size=1))
+    spec = generate(stub, prompt_ids, drafter=drafter, cfg=DecodeConfig(max_new_tokens=32, block_size=8))
+    assert spec.output_tokens == base.output_tokens
+    assert any(s.accepted for s in spec.steps if s.phase == "decode")
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        train(None, data, tiny(tmp_path / "x", draft_vocab_size=0))

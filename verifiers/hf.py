@@ -258,10 +258,15 @@ class HFVerifier:
         s = scale.to(emb.weight.dtype).to(device=device, dtype=dtype)
         return lambda ids: F.embedding(ids, weight) * s
 
-    def lm_head_fn(self, *, device: torch.device, dtype: torch.dtype) -> LMHeadFn:
+    def lm_head_fn(
+        self, *, device: torch.device, dtype: torch.dtype, rows: torch.Tensor | None = None
+    ) -> LMHeadFn:
         head = self.model.get_output_embeddings()
         weight = self._weight(head.weight, device, dtype)  # [V, H]; tied heads share the embedding
         bias = None if head.bias is None else self._weight(head.bias, device, dtype)
+        if rows is not None:  # a draft vocabulary: logits [..., K] of these ids only
+            rows = rows.to(device=weight.device)
+            weight, bias = weight[rows], None if bias is None else bias[rows]  # [K, H], [K]
         cap = getattr(self.config, "final_logit_softcapping", None)
         if cap is None:
             return lambda h: F.linear(h, weight, bias)

@@ -403,9 +403,11 @@ class MLXVerifier:
             self.model, device=device, dtype=dtype, weight=self._weight("embed", device, dtype)
         )
 
-    def lm_head_fn(self, *, device: torch.device | str, dtype: torch.dtype) -> LMHeadFn:
+    def lm_head_fn(
+        self, *, device: torch.device | str, dtype: torch.dtype, rows: torch.Tensor | None = None
+    ) -> LMHeadFn:
         return make_lm_head_fn(
-            self.model, device=device, dtype=dtype, weight=self._weight("head", device, dtype)
+            self.model, device=device, dtype=dtype, weight=self._weight("head", device, dtype), rows=rows
         )
 
     def memory_probe(self) -> MemoryProbe:

@@ -183,8 +183,12 @@ class StubVerifier:
         weight = self.model.embed.detach().to(device=device, dtype=dtype)  # [V, H]
         return lambda ids: F.embedding(ids, weight)
 
-    def lm_head_fn(self, *, device: torch.device, dtype: torch.dtype) -> LMHeadFn:
+    def lm_head_fn(
+        self, *, device: torch.device, dtype: torch.dtype, rows: torch.Tensor | None = None
+    ) -> LMHeadFn:
         weight = self.model.head.detach().to(device=device, dtype=dtype)  # [V, H]
+        if rows is not None:  # a draft vocabulary: logits [..., K] of these ids only
+            weight = weight[rows.to(weight.device)]  # [K, H]
         return lambda h: h @ weight.T
 
     def memory_probe(self) -> MemoryProbe:
