@@ -68,10 +68,11 @@ class DFlashConfig:
     sliding_window: int | None = None
     attention_bias: bool = False
     is_causal: bool = False  # causal inside the block; public DFlash drafters are non-causal
-    # K: drafts only from K vocabulary ids (the `draft_vocab` tensor [K] in the weights); None: all V.
-    # A shortlist of the ids the target really writes makes the read-out K/V times cheaper to train
-    # and to run; it cannot cost exactness (the verifier still decides every token).
-    draft_vocab_size: int | None = None
+    # the K vocabulary ids the drafter reads out (dflash_config.draft_vocab); None: all V. A shortlist of
+    # the ids the target really writes makes the read-out V/K times cheaper to train and to run, and
+    # cannot cost exactness (the verifier decides every token). Kept in config.json, not in the weights,
+    # so model.safetensors stays exactly the public format.
+    draft_vocab: tuple[int, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # unused config.json keys, kept
 
     def __post_init__(self) -> None:
@@ -88,6 +89,8 @@ class DFlashConfig:
         if self.layer_types is None:
             set_(self, "layer_types", (FULL,) * self.num_hidden_layers)
         set_(self, "layer_types", tuple(self.layer_types))
+        if self.draft_vocab is not None:
+            set_(self, "draft_vocab", tuple(int(i) for i in self.draft_vocab))
         self._validate()
 
     def _validate(self) -> None:
@@ -119,8 +122,14 @@ class DFlashConfig:
             )
         if self.mask_token_id < 0:
             problems.append(f"mask_token_id {self.mask_token_id} is negative")
-        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
-            problems.append(f"draft_vocab_size {self.draft_vocab_size} outside 1..{self.vocab_size}")
+        if self.draft_vocab is not None:
+            ids = self.draft_vocab
+            if not ids:
+                problems.append("draft_vocab is empty")
+            elif not all(0 <= i < self.vocab_size for i in ids):
+                problems.append(f"draft_vocab ids must lie in 0..{self.vocab_size - 1}")
+            elif len(set(ids)) != len(ids):
+                problems.append("draft_vocab has repeated ids")
         if problems:
             raise ValueError("invalid DFlash config: " + "; ".join(problems))
 
@@ -169,7 +178,7 @@ class DFlashConfig:
         extra_dflash = {
             k: v
             for k, v in dflash.items()
-            if k not in ("mask_token_id", "target_layer_ids", "block_size", "draft_vocab_size")
+            if k not in ("mask_token_id", "target_layer_ids", "block_size", "draft_vocab")
         }
         if extra_dflash:
             extra["dflash_config"] = extra_dflash
@@ -192,7 +201,7 @@ class DFlashConfig:
             sliding_window=raw.get("sliding_window"),
             attention_bias=bool(raw.get("attention_bias", False)),
             is_causal=bool(raw.get("is_causal", False)),
-            draft_vocab_size=_int_or_none(dflash.get("draft_vocab_size")),
+            draft_vocab=dflash.get("draft_vocab"),
             extra=extra,
         )
 
@@ -210,7 +219,7 @@ class DFlashConfig:
                 "block_size": self.block_size,  # newer readers look here first, older ones at the top level
                 "mask_token_id": self.mask_token_id,
                 "target_layer_ids": list(self.target_layer_ids),
-                **({} if self.draft_vocab_size is None else {"draft_vocab_size": self.draft_vocab_size}),
+                **({} if self.draft_vocab is None else {"draft_vocab": list(self.draft_vocab)}),
             },
             hidden_size=self.hidden_size,
             num_hidden_layers=self.num_hidden_layers,
@@ -230,10 +239,6 @@ class DFlashConfig:
         )
         out.update(hidden_act="silu", tie_word_embeddings=False)  # no embedding of its own to tie
         return dict(sorted(out.items()))
-
-
-def _int_or_none(v: Any) -> int | None:
-    return None if v is None else int(v)
 
 
 def public_param_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
@@ -264,8 +269,6 @@ def public_param_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.o_proj.bias": (H,),
             })  # fmt: skip
     shapes.update({"fc.weight": (H, cfg.feature_dim), "hidden_norm.weight": (H,), "norm.weight": (H,)})
-    if cfg.draft_vocab_size is not None:
-        shapes["draft_vocab"] = (cfg.draft_vocab_size,)  # int64 vocabulary ids, not a parameter
     return shapes
 
 
@@ -322,14 +325,6 @@ def check_state_dict(
         )
     if wrong:
         problems.append(f"shape mismatch: {wrong[:8]}")
-    vocab = state.get("draft_vocab")
-    if vocab is not None and not wrong:
-        if vocab.is_floating_point() or vocab.is_complex():
-            problems.append(f"draft_vocab must hold integer ids, got {vocab.dtype}")
-        elif vocab.numel() and not (int(vocab.min()) >= 0 and int(vocab.max()) < cfg.vocab_size):
-            problems.append(f"draft_vocab ids must lie in 0..{cfg.vocab_size - 1}")
-        elif vocab.unique().numel() != vocab.numel():
-            problems.append("draft_vocab has repeated ids")
     if problems:
         raise ValueError(f"{source} does not match the DFlash config: " + "; ".join(problems))
 
@@ -362,8 +357,12 @@ def save_checkpoint(path: str | Path, cfg: DFlashConfig, state: Mapping[str, tor
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     save_file(tensors, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
     raw = cfg.to_dict()
-    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    dtypes = {t.dtype for t in tensors.values()}
     if len(dtypes) == 1:
         raw["dtype"] = str(dtypes.pop()).removeprefix("torch.")
-    (path / CONFIG_NAME).write_text(json.dumps(dict(sorted(raw.items())), indent=2) + "\n")
+    text = json.dumps(dict(sorted(raw.items())), indent=2)
+    if cfg.draft_vocab is not None:  # thousands of ids: one line, not one line each
+        one_per_line = json.dumps(list(cfg.draft_vocab), indent=2).replace("\n", "\n    ")
+        text = text.replace(one_per_line, json.dumps(list(cfg.draft_vocab)), 1)
+    (path / CONFIG_NAME).write_text(text + "\n")
     return path

@@ -241,9 +241,10 @@ class DFlashDraftModel(nn.Module):
         # Built on the CPU explicitly: from_pretrained constructs the module under torch.device("meta").
         arange = torch.arange(0, D, 2, dtype=torch.float32, device="cpu")
         self._inv_freq = 1.0 / cfg.rope_theta ** (arange / D)
-        # [K] int64 vocabulary ids the drafter reads out (in the state dict; .to(dtype) leaves it), or None
-        vocab = None if cfg.draft_vocab_size is None else torch.arange(cfg.draft_vocab_size)
-        self.register_buffer("draft_vocab", vocab)
+        # [K] int64 ids the drafter reads out, or None: from the config (not a weight), on the CPU
+        # explicitly like _inv_freq; .to(device) moves it, .to(dtype) leaves integer buffers alone
+        vocab = None if cfg.draft_vocab is None else torch.tensor(cfg.draft_vocab, device="cpu")
+        self.register_buffer("draft_vocab", vocab, persistent=False)
 
     @property
     def device(self) -> torch.device:

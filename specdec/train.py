@@ -45,6 +45,7 @@ this project trains on; a multi-billion-parameter target would want features com
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -636,12 +637,12 @@ def drafter_config(cfg: TrainConfig, index: dict[str, Any]) -> DFlashConfig:
         raise ValueError(f"mask_token_id {mask} outside the vocabulary 0..{V - 1}")
     if cfg.draft_vocab_size is not None and cfg.draft_vocab_size >= V:
         raise ValueError(f"draft_vocab_size {cfg.draft_vocab_size} must be below the vocabulary size {V}")
+    # the draft vocabulary itself is chosen from the training data (`draft_vocabulary`) by `train`
     return DFlashConfig(
         hidden_size=H, num_hidden_layers=cfg.num_layers, num_attention_heads=heads, num_key_value_heads=kv,
         head_dim=cfg.head_dim or H // heads, intermediate_size=cfg.intermediate_size or 3 * H,
         vocab_size=V, num_target_layers=int(v["num_layers"]), mask_token_id=mask,
         block_size=cfg.block_size, target_layer_ids=ids, rope_theta=cfg.rope_theta,
-        draft_vocab_size=cfg.draft_vocab_size,
     )  # fmt: skip
 
 
@@ -1065,10 +1066,11 @@ def _train(
         pos = [data.target_layer_ids.index(layer) for layer in dcfg.target_layer_ids]
         cols = torch.cat([torch.arange(p * H, (p + 1) * H) for p in pos])
 
+    if cfg.draft_vocab_size is not None:  # from the training split only
+        vocab = draft_vocabulary(data, train_idx, cfg.draft_vocab_size, dcfg.mask_token_id)
+        dcfg = dataclasses.replace(dcfg, draft_vocab=tuple(vocab.tolist()))
     torch.manual_seed(cfg.seed)
     model = DFlashDraftModel(dcfg).to(dev).train()
-    if model.draft_vocab is not None:  # from the training split only (a resume loads the stored one)
-        model.draft_vocab.copy_(draft_vocabulary(data, train_idx, dcfg.draft_vocab_size, dcfg.mask_token_id))
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -1233,8 +1235,7 @@ def _save(
     """checkpoint-NNNNNN/ (public format + trainer_state.pt), written to a temporary name and renamed."""
     path, tmp = out / f"checkpoint-{step:06d}", out / f".tmp-checkpoint-{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    state = {k: v.detach().float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
-    save_checkpoint(tmp, dcfg, state)
+    save_checkpoint(tmp, dcfg, {k: v.detach().float() for k, v in model.state_dict().items()})
     state = {
         "step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
         "train_config": {f.name: getattr(cfg, f.name) for f in fields(cfg)}, "dataset": str(data.path),

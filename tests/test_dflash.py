@@ -386,8 +386,7 @@ def test_draft_vocabulary_reads_out_only_its_ids():
     what the full head would give restricted to those ids, and decoding stays exact."""
     verifier = StubVerifier()
     rows = torch.tensor([3, 5, 17, 40, 41, 99, 200, 258])  # the mask (258) too: it must never be proposed
-    model = make_model(stub_cfg(draft_vocab_size=len(rows)))
-    model.draft_vocab.copy_(rows)
+    model = make_model(stub_cfg(draft_vocab=rows.tolist()))
     fast, slow = DFlashDrafter(model), DFlashDrafter(model)
     fast.bind(verifier)  # the verifier builds a [K, H] head
     full = verifier.lm_head_fn(device=torch.device("cpu"), dtype=torch.float32)
