@@ -164,11 +164,10 @@ def chat_prompts(
     return items
 
 
-def _write_rows(path: Path, rows: list[tuple[str, str]], prefix: str = "") -> Path:
+def _write_rows(path: Path, rows: list[tuple[str, str, str]]) -> Path:
     with open(path, "w") as f:
-        for i, (source, text) in enumerate(rows):
+        for rid, source, text in rows:
             messages = [{"role": "user", "content": text}]
-            rid = f"{prefix}{source}-{i}"
             f.write(json.dumps({"id": rid, "source": source, "messages": messages}) + "\n")
     return path
 
@@ -177,7 +176,7 @@ def write_prompts(path: str | Path, *, n_code: int | None = None, n_chat: int = 
     """A JSONL of {"id", "source", "messages"} records, code first then chat."""
     rows = [("code", p) for p in stdlib_code_prompts(n_code)]
     rows += [("chat", p) for p in chat_prompts(n_chat, seed=seed)]
-    return _write_rows(Path(path), rows)
+    return _write_rows(Path(path), [(f"{src}-{i}", src, text) for i, (src, text) in enumerate(rows)])
 
 
 def write_more_prompts(
@@ -185,11 +184,16 @@ def write_more_prompts(
 ) -> Path:
     """A second, disjoint set after `write_prompts(n_code=after_code, n_chat=after_chat, seed=seed)`:
     the remaining stdlib functions, `n_method` stdlib methods, and `n_chat` instructions from all
-    templates (including the reasoning / math / extraction ones) that the first set does not hold.
-    Ids start with "more-" so both sets can share one dataset directory."""
+    templates (including the reasoning / math / extraction ones) that the first set does not hold,
+    interleaved in a seeded order so any prefix of the file mixes code and chat. Ids are
+    "more-<source>-<index within the source>", so both sets can share one dataset directory."""
     first = set(chat_prompts(after_chat, seed=seed))
-    rows = [("code", p) for p in stdlib_code_prompts()[after_code:]]
-    rows += [("method", p) for p in stdlib_method_prompts(n_method)]
     templates = _CHAT_TEMPLATES + _CHAT_TEMPLATES_MORE
-    rows += [("chat", p) for p in chat_prompts(n_chat, seed=seed + 1, templates=templates, exclude=first)]
-    return _write_rows(Path(path), rows, prefix="more-")
+    sources = {
+        "code": stdlib_code_prompts()[after_code:],
+        "method": stdlib_method_prompts(n_method),
+        "chat": chat_prompts(n_chat, seed=seed + 1, templates=templates, exclude=first),
+    }
+    rows = [(f"more-{src}-{i}", src, text) for src, texts in sources.items() for i, text in enumerate(texts)]
+    random.Random(seed).shuffle(rows)
+    return _write_rows(Path(path), rows)
