@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# Reproduces the bundled drafter specdec/drafters/smollm2-135m-dflash (CPU is enough; a GPU is faster:
-# add --device cuda). Data: 240 stdlib function prompts + 160 templated chat prompts
-# (specdec.trainsets; disjoint from HumanEval / MT-Bench), answered greedily by SmolLM2-135M-Instruct
-# itself, features of layers 1,7,14,20,27,29 captured teacher-forced.
-#   bash evals/train_smollm2_drafter.sh [WORK_DIR]     (STEPS=... to change the training length)
+# Reproduces the bundled drafter specdec/drafters/smollm2-135m-dflash on CPU (a GPU is faster: add
+# --device cuda to the last command). Data (specdec.trainsets, seed 0; nothing from HumanEval or MT-Bench):
+#   set 1: 240 stdlib function signatures + docstrings and 160 templated chat instructions;
+#   set 2: 1132 more in a seeded mix: the other 232 stdlib functions, 400 stdlib methods and 500 chat
+#          instructions (more templates: arithmetic, extraction, reasoning, short code).
+# Both are answered greedily by SmolLM2-135M-Instruct itself (fp32, up to 192 new tokens) and its
+# layers 1,7,14,20,27,29 are captured teacher-forced, into one dataset folder (resumable).
+#   bash evals/train_smollm2_drafter.sh [WORK_DIR]     (from the repo root; STEPS=... to change the length)
 set -euo pipefail
 W=${1:-runs/train-smollm2}
-STEPS=${STEPS:-800}
+STEPS=${STEPS:-2200}
 mkdir -p "$W"
-python -c "from specdec.trainsets import write_prompts; write_prompts('$W/prompts.jsonl', n_code=240, n_chat=160)"
-specdec train --verifier hf --model smollm2-135m --verifier-dtype float32 \
-  --prompts "$W/prompts.jsonl" --max-new-tokens 192 --max-seq-len 640 --gen-batch-size 24 \
-  --data-layer-ids 1,7,14,20,27,29 --data "$W/data" --out "$W/run" \
+python - "$W" <<'PY'
+import sys
+from specdec.trainsets import write_more_prompts, write_prompts
+w = sys.argv[1]
+write_prompts(f"{w}/prompts.jsonl", n_code=240, n_chat=160)
+write_more_prompts(f"{w}/prompts-more.jsonl", after_code=240, after_chat=160, n_method=400, n_chat=500)
+PY
+DATA=(--verifier hf --model smollm2-135m --verifier-dtype float32 --max-new-tokens 192 --max-seq-len 640
+  --data-layer-ids 1,7,14,20,27,29 --data "$W/data" --out "$W/run")
+specdec train "${DATA[@]}" --prompts "$W/prompts.jsonl" --gen-batch-size 24 --build-only
+specdec train "${DATA[@]}" --prompts "$W/prompts-more.jsonl" --gen-batch-size 48 --build-only
+specdec train "${DATA[@]}" \
   --num-layers 2 --heads 9 --kv-heads 3 --head-dim 64 --intermediate-size 1536 --block-size 8 \
-  --steps "$STEPS" --batch-size 2 --max-anchors 32 --lr 1e-3 --holdout 8 --seed 0 --save-every 100
-# ship in bf16, public DFlash format
-# CKPT=500 exports checkpoint-000500 (the bundled drafter); default: the last checkpoint
+  --draft-vocab 8192 --steps "$STEPS" --batch-size 4 --max-anchors 48 --lr 1.5e-3 --holdout 16 --seed 0 \
+  --save-every 250 --eval-every 550
+# ship in bf16, public DFlash format (CKPT=N exports checkpoint-N; default: the last one)
 python - "$W/run" "${CKPT:-}" <<'PY'
 import sys, torch
 from pathlib import Path
