@@ -518,14 +518,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out)
     print(f"result: {out / 'result.json'}\nreport: {out / 'report.md'}", file=sys.stderr)
     rate = result["eval"]["overall"]["match_rate"]
-    exact = sampling.greedy or sampling.rule == "match"  # both must reproduce the baseline token for token
-    if rate is not None and rate < 1 and verifier.dtype == "float32" and exact:
-        print(
-            f"error: spec output differs from the AR baseline on {1 - rate:.0%} of prompts in float32 at "
-            "T=0; greedy speculative decoding must match exactly (see result.json `match`)",
-            file=sys.stderr,
-        )
-        return 1
+    if rate is not None and rate < 1 and verifier.dtype == "float32":
+        if sampling.greedy:
+            print(
+                f"error: spec output differs from the AR baseline on {1 - rate:.0%} of prompts in float32 "
+                "at T=0; greedy speculative decoding must match exactly (see result.json `match`)",
+                file=sys.stderr,
+            )
+            return 1
+        if sampling.rule == "match":  # same distribution; the same tokens only up to rounding
+            print(
+                f"note: with rule 'match' the spec output differs from the AR baseline on {1 - rate:.0%} "
+                "of prompts: both sample the verifier's distribution with the same per-position uniforms, "
+                "but a verify over several tokens rounds the logits differently from a one-token step, so "
+                "a uniform that falls within ~1e-6 of a CDF boundary (often in the low-probability tail) "
+                "can pick the neighbouring token; top-p / min-p cut that tail",
+                file=sys.stderr,
+            )
     return 0
 
 
