@@ -1071,7 +1071,6 @@ def _train(
         dcfg = dataclasses.replace(dcfg, draft_vocab=tuple(vocab.tolist()))
     torch.manual_seed(cfg.seed)
     model = DFlashDraftModel(dcfg).to(dev).train()
-
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, warmup, cfg.min_lr_ratio))

@@ -16,7 +16,7 @@ import json
 import random
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,15 @@ def _modules() -> list[Any]:
     return mods
 
 
+def _own_public(mod: Any, kind: Callable[[Any], bool]) -> list[tuple[str, Any]]:
+    """(name, object) of `mod`'s public members of `kind` that `mod` itself defines, by name."""
+    return [
+        (name, obj)
+        for name, obj in sorted(vars(mod).items())
+        if not name.startswith("_") and kind(obj) and obj.__module__ == mod.__name__
+    ]
+
+
 def _function_prompt(name: str, fn: Any, seen: set[tuple[str, str]], indent: str = "") -> str | None:
     doc = inspect.getdoc(fn)
     try:
@@ -117,9 +126,7 @@ def stdlib_code_prompts(limit: int | None = None) -> list[str]:
     seen: set[tuple[str, str]] = set()
     prompts = []
     for mod in _modules():
-        for attr, fn in sorted(vars(mod).items()):
-            if attr.startswith("_") or not inspect.isfunction(fn) or fn.__module__ != mod.__name__:
-                continue
+        for attr, fn in _own_public(mod, inspect.isfunction):
             code = _function_prompt(attr, fn, seen)
             if code:
                 prompts.append(f"Complete the following Python function:\n```python\n{code}```")
@@ -131,9 +138,7 @@ def stdlib_method_prompts(limit: int | None = None) -> list[str]:
     seen: set[tuple[str, str]] = set()
     prompts = []
     for mod in _modules():
-        for cname, cls in sorted(vars(mod).items()):
-            if cname.startswith("_") or not inspect.isclass(cls) or cls.__module__ != mod.__name__:
-                continue
+        for cname, cls in _own_public(mod, inspect.isclass):
             for attr, fn in sorted(vars(cls).items()):
                 if attr.startswith("_") or not inspect.isfunction(fn):
                     continue
