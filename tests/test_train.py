@@ -413,3 +413,8 @@ def test_draft_vocabulary_training(stub: StubVerifier, data: Path, tmp_path: Pat
     assert any(s.accepted for s in spec.steps if s.phase == "decode")
     with pytest.raises(ValueError, match="draft_vocab_size"):
         train(None, data, tiny(tmp_path / "x", draft_vocab_size=0))
+    with pytest.raises(ValueError, match="below the vocabulary size"):
+        train(None, data, tiny(tmp_path / "x", draft_vocab_size=stub.vocab_size))
+    with pytest.raises(ValueError, match="kl_weight > 0 with a draft_vocab_size"):
+        train(None, data, tiny(tmp_path / "x", draft_vocab_size=24, kl_weight=1.0))
+    assert not (tmp_path / "x").exists()  # refused before anything is written
