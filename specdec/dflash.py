@@ -511,12 +511,13 @@ class DFlashProposer:
         logits = self.block_logits(last_token, n)  # [n, K]
         if min_confidence > 0:
             top, best = logits.float().softmax(dim=-1).max(dim=-1)  # [n], [n] columns
-            # -1 marks the cut-off suffix (the running product only falls): still one sync
-            best = best.masked_fill(top.cumprod(dim=0) < min_confidence, -1)
         else:
             best = logits.argmax(dim=-1)  # [n] columns
         if self.rows is not None:
-            best = torch.where(best >= 0, self.rows[best.clamp(min=0)], best)  # [n] vocabulary ids
+            best = self.rows[best]  # [n] vocabulary ids
+        if min_confidence > 0:
+            # -1 marks the cut-off suffix (the running product only falls): still one sync
+            best = best.masked_fill(top.cumprod(dim=0) < min_confidence, -1)
         tokens = best.tolist()  # the one sync of a proposal
         if min_confidence > 0 and -1 in tokens:
             tokens = tokens[: tokens.index(-1)]

@@ -90,7 +90,7 @@ class LookupFirstDrafter:
         self.feature_dim = drafter.feature_dim
         self.vocab_size = drafter.vocab_size
         self.device, self.dtype = drafter.device, drafter.dtype
-        self.counts = {"lookup": 0, "drafter": 0}  # proposals by source, for reports
+        self.counts = {"lookup": 0, "drafter": 0}  # proposals by source since construction
 
     @property
     def context_len(self) -> int:
