@@ -98,6 +98,8 @@ def load_drafter(
     "+lookup" drafts by prompt lookup where the text repeats and with DFlash elsewhere
     (`LookupFirstDrafter`). `min_confidence` cuts DFlash blocks where the drafter's running top-1
     probability falls below it (worth it where verifying several tokens costs much more than one)."""
+    if min_confidence and (spec in (None, "none") or spec.removesuffix("+lookup") == "prompt-lookup"):
+        raise ValueError(f"min_confidence cuts DFlash blocks; drafter {spec!r} has none")
     if spec in (None, "none"):
         return None
     if spec.endswith("+lookup"):

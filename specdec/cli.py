@@ -128,8 +128,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     runtime, device = default_platform()
     runtime, device = args.verifier or runtime, args.device or device
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     verifier = load_verifier(runtime, args.model, dtype=args.dtype, device="cpu")
     cpu = device == "cpu"
     # on a CPU a verify of several tokens costs ~2x a one-token step (a small GEMM against a GEMV), so
@@ -138,6 +136,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     conf = args.min_confidence if args.min_confidence is not None else (CPU_MIN_CONFIDENCE if cpu else 0.0)
     drafter = load_drafter(spec, verifier=verifier, device=device, dtype=args.dtype, min_confidence=conf)
     records = load_dataset("humaneval", args.limit)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size or drafter.block_size)
     print(
         f"{runtime} verifier {verifier.model_name} [{args.dtype}] + {drafter.name} on {device}",
