@@ -555,6 +555,9 @@ class TrainConfig:
     kl_weight: float = 0.0
     grad_clip: float = 1.0
     seed: int = 0
+    # warm start: a public-format checkpoint of the same drafter shape whose weights start this run (fresh
+    # optimizer and schedule); a checkpoint already in out_dir still wins (resume)
+    init_from: str | None = None
     dtype: str = "float32"  # compute dtype: float32 or bfloat16 (autocast; master weights stay fp32)
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else cpu
     # bookkeeping
@@ -1092,6 +1095,17 @@ def _train(
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         assert int(st["step"]) == start
+    elif cfg.init_from is not None:
+        from specdec.checkpoint import load_checkpoint
+
+        saved, state = load_checkpoint(cfg.init_from)
+        if saved.to_dict() != dcfg.to_dict():
+            diff = sorted(k for k, v in dcfg.to_dict().items() if saved.to_dict().get(k) != v)
+            raise ValueError(
+                f"cannot start from {cfg.init_from!r}: its drafter differs from this run's in {diff}; "
+                "train with the shape, layers, block size and data (draft vocabulary) it was trained with"
+            )
+        model.load_state_dict({k: v.to(device=dev, dtype=torch.float32) for k, v in state.items()})
     rows = model.draft_vocab
     if verifier is not None:
         embed_fn = verifier.embed_fn(device=dev, dtype=torch.float32)
@@ -1294,6 +1308,9 @@ def add_train_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--gamma", type=float)
     t.add_argument("--kl-weight", type=float, default=d.kl_weight)
     t.add_argument("--seed", type=int, default=d.seed)
+    t.add_argument(
+        "--init-from", help="checkpoint folder of the same drafter shape to start from (fresh optimizer)"
+    )
     t.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16"))
     t.add_argument("--device")
     t.add_argument("--save-every", type=int)
@@ -1312,6 +1329,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab_size,
         steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, max_anchors=args.max_anchors,
         attn_chunk=args.attn_chunk, gamma=args.gamma, kl_weight=args.kl_weight, seed=args.seed,
+        init_from=args.init_from,
         dtype=args.dtype, device=args.device, out_dir=args.out, save_every=args.save_every,
         eval_every=args.eval_every, holdout=args.holdout, resume=not args.no_resume,
         progress=not args.no_progress,

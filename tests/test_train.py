@@ -1,6 +1,7 @@
 """Drafter training against the stub verifier: learning raises acceptance, chunked == unchunked (loss and
 gradients, and both == the model's own `train_logits`), 2-process data parallel == 1 process, resume ==
-uninterrupted, the dataset cache resumes without new work, soft labels line up, bad settings raise."""
+uninterrupted, a warm start begins at its checkpoint, the dataset cache resumes without new work, soft
+labels line up, bad settings raise."""
 
 from __future__ import annotations
 
@@ -218,6 +219,22 @@ def test_resume_continues_identically(data: Path, tmp_path: Path) -> None:
     wa = load_file(tmp_path / "a" / "checkpoint-000006" / "model.safetensors")
     wb = load_file(tmp_path / "b" / "checkpoint-000006" / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_init_from_starts_from_the_checkpoint(data: Path, tmp_path: Path) -> None:
+    first = train(None, data, tiny(tmp_path / "a", steps=30))
+    # a learning rate too small to move the weights: the run ends where the checkpoint started it
+    train(None, data, tiny(tmp_path / "b", steps=2, lr=1e-12, init_from=str(first)))
+    from safetensors.torch import load_file
+
+    wa = load_file(first / "model.safetensors")
+    wb = load_file(tmp_path / "b" / "checkpoint-000002" / "model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=1e-6, msg=k)
+    a, b = log_rows(tmp_path / "a"), log_rows(tmp_path / "b")
+    assert b[0]["loss"] < a[0]["loss"]  # same first batch, trained weights
+    with pytest.raises(ValueError, match=r"differs from this run's in .*'num_hidden_layers'"):
+        train(None, data, tiny(tmp_path / "c", num_layers=2, steps=1, init_from=str(first)))
 
 
 # ---- dataset ----------------------------------------------------------------------------------------------
