@@ -60,7 +60,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import DFlashConfig, default_target_layer_ids, save_checkpoint
+from specdec.checkpoint import DFlashConfig, default_target_layer_ids, load_checkpoint, save_checkpoint
 from specdec.protocols import EmbedFn, LMHeadFn, Verifier
 
 __all__ = [
@@ -942,8 +942,6 @@ def acceptance_length(
     from specdec.records import summarize
 
     if isinstance(drafter, (str, os.PathLike)):
-        from specdec.checkpoint import load_checkpoint
-
         dcfg, state = load_checkpoint(drafter)
         model = DFlashDraftModel(dcfg)
         model.load_state_dict(state)
@@ -1034,6 +1032,13 @@ def train(verifier: Verifier | None, dataset_dir: str | os.PathLike[str], cfg: T
         ctx.close()
 
 
+def _same_drafter(path: str | Path, dcfg: DFlashConfig) -> tuple[list[str], dict[str, torch.Tensor]]:
+    """(config fields where the checkpoint at `path` differs from `dcfg`, its checked weights)."""
+    saved, state = load_checkpoint(path)
+    have, want = saved.to_dict(), dcfg.to_dict()
+    return sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k)), state
+
+
 def _train(
     verifier: Verifier | None, data: TrainData, cfg: TrainConfig, dcfg: DFlashConfig, ctx: _Dist
 ) -> Path:
@@ -1081,14 +1086,12 @@ def _train(
     start = 0
     found = _checkpoints(out) if cfg.resume else []
     if found:
-        from specdec.checkpoint import load_checkpoint
-
         start, path = found[-1]
-        saved, state = load_checkpoint(path)
-        if saved.to_dict() != dcfg.to_dict():
+        diff, state = _same_drafter(path, dcfg)
+        if diff:
             raise ValueError(
-                f"cannot resume from {str(path)!r}: it holds a drafter of another shape; use another out_dir "
-                "or resume=False"
+                f"cannot resume from {str(path)!r}: it holds a drafter of another shape (differs in {diff}); "
+                "use another out_dir or resume=False"
             )
         model.load_state_dict({k: v.to(dev) for k, v in state.items()})
         st = torch.load(path / STATE_NAME, map_location=dev, weights_only=False)
@@ -1096,11 +1099,8 @@ def _train(
         sched.load_state_dict(st["scheduler"])
         assert int(st["step"]) == start
     elif cfg.init_from is not None:
-        from specdec.checkpoint import load_checkpoint
-
-        saved, state = load_checkpoint(cfg.init_from)
-        if saved.to_dict() != dcfg.to_dict():
-            diff = sorted(k for k, v in dcfg.to_dict().items() if saved.to_dict().get(k) != v)
+        diff, state = _same_drafter(cfg.init_from, dcfg)
+        if diff:
             raise ValueError(
                 f"cannot start from {cfg.init_from!r}: its drafter differs from this run's in {diff}; "
                 "train with the shape, layers, block size and data (draft vocabulary) it was trained with"

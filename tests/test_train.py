@@ -235,6 +235,9 @@ def test_init_from_starts_from_the_checkpoint(data: Path, tmp_path: Path) -> Non
     assert b[0]["loss"] < a[0]["loss"]  # same first batch, trained weights
     with pytest.raises(ValueError, match=r"differs from this run's in .*'num_hidden_layers'"):
         train(None, data, tiny(tmp_path / "c", num_layers=2, steps=1, init_from=str(first)))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train(None, data, tiny(tmp_path / "c", steps=1, init_from=str(tmp_path / "missing")))
+    assert not (tmp_path / "c").exists()  # refused before anything is written
 
 
 # ---- dataset ----------------------------------------------------------------------------------------------
