@@ -33,6 +33,29 @@ STDLIB_MODULES = (
     "configparser", "plistlib", "sched", "queue", "threading", "socket", "selectors", "platform",
 )  # fmt: skip
 
+# The third set's code comes from these: more of the standard library, none of it in STDLIB_MODULES.
+STDLIB_MODULES_MORE = (
+    "email.message", "email.header", "email.headerregistry", "email.parser", "email.generator",
+    "email.policy", "email.charset", "email.feedparser", "email.iterators", "email.quoprimime",
+    "email.base64mime", "http.client", "http.server", "http.cookiejar", "urllib.request",
+    "urllib.robotparser", "urllib.error", "xml.etree.ElementTree", "xml.dom.minidom", "xml.dom.pulldom",
+    "xml.sax.saxutils", "xml.sax.handler", "sqlite3", "asyncio.tasks", "asyncio.queues", "asyncio.locks",
+    "asyncio.streams", "asyncio.events", "concurrent.futures._base", "concurrent.futures.thread",
+    "subprocess", "importlib.util", "importlib.metadata", "importlib.resources", "pkgutil", "pydoc",
+    "doctest", "unittest.case", "unittest.loader", "unittest.result", "unittest.mock", "optparse",
+    "getopt", "os", "trace", "timeit", "cProfile", "pstats", "pickletools", "pickle", "shelve", "dbm",
+    "smtplib", "poplib", "imaplib", "ftplib", "mailbox", "netrc", "chunk", "aifc", "sunau",
+    "rlcompleter", "code", "codeop", "compileall", "py_compile", "zipapp", "runpy", "modulefinder",
+    "symtable", "token", "tabnanny", "pyclbr", "weakref", "types", "copyreg", "socketserver",
+    "xmlrpc.client", "xmlrpc.server", "wsgiref.util", "wsgiref.headers", "wsgiref.handlers", "getpass",
+    "stringprep", "ssl", "lzma", "stat", "tomllib", "sysconfig", "bdb", "pdb", "tracemalloc", "opcode",
+    "collections.abc", "logging.handlers", "logging.config", "json.decoder", "json.encoder", "ctypes",
+    "ctypes.util", "pty", "tty", "html.entities", "multiprocessing.pool", "multiprocessing.managers",
+    "multiprocessing.shared_memory", "multiprocessing.queues", "multiprocessing.connection", "cmd",
+    "sre_parse", "signal", "_pyio", "_strptime", "_collections_abc", "_pydecimal", "zoneinfo._zoneinfo",
+    "zoneinfo._tzpath", "encodings.idna",
+)  # fmt: skip
+
 _CHAT_TEMPLATES = (
     "Explain {t} to a curious high-school student.",
     "Write a short story of about 150 words that involves {t}.",
@@ -86,9 +109,9 @@ _TOPICS = (
 )  # fmt: skip
 
 
-def _modules() -> list[Any]:
+def _modules(names: Sequence[str] = STDLIB_MODULES) -> list[Any]:
     mods = []
-    for name in STDLIB_MODULES:
+    for name in names:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
@@ -121,11 +144,11 @@ def _function_prompt(name: str, fn: Any, seen: set[tuple[str, str]], indent: str
     return f'{indent}def {name}{sig}:\n{pad}"""\n{body}\n{pad}"""\n'
 
 
-def stdlib_code_prompts(limit: int | None = None) -> list[str]:
+def stdlib_code_prompts(limit: int | None = None, *, modules: Sequence[str] = STDLIB_MODULES) -> list[str]:
     """One prompt per documented public stdlib function, in a stable order."""
     seen: set[tuple[str, str]] = set()
     prompts = []
-    for mod in _modules():
+    for mod in _modules(modules):
         for attr, fn in _own_public(mod, inspect.isfunction):
             code = _function_prompt(attr, fn, seen)
             if code:
@@ -133,11 +156,11 @@ def stdlib_code_prompts(limit: int | None = None) -> list[str]:
     return prompts[:limit]
 
 
-def stdlib_method_prompts(limit: int | None = None) -> list[str]:
+def stdlib_method_prompts(limit: int | None = None, *, modules: Sequence[str] = STDLIB_MODULES) -> list[str]:
     """One prompt per documented public method of a public stdlib class, in a stable order."""
     seen: set[tuple[str, str]] = set()
     prompts = []
-    for mod in _modules():
+    for mod in _modules(modules):
         for cname, cls in _own_public(mod, inspect.isclass):
             for attr, fn in sorted(vars(cls).items()):
                 if attr.startswith("_") or not inspect.isfunction(fn):
@@ -199,6 +222,32 @@ def write_more_prompts(
         "method": stdlib_method_prompts(n_method),
         "chat": chat_prompts(n_chat, seed=seed + 1, templates=templates, exclude=first),
     }
-    rows = [(f"more-{src}-{i}", src, text) for src, texts in sources.items() for i, text in enumerate(texts)]
-    random.Random(seed).shuffle(rows)
-    return _write_rows(Path(path), rows)
+    return _write_mixed(Path(path), "more", sources, seed)
+
+
+def write_third_prompts(
+    path: str | Path, *, first_chat: int, second_chat: int, n_code: int, n_chat: int, seed: int = 0
+) -> Path:
+    """A third set, disjoint from the first two (`write_prompts(n_chat=first_chat, seed=seed)` and
+    `write_more_prompts(after_chat=first_chat, n_chat=second_chat, seed=seed)`): `n_code` functions and
+    methods of STDLIB_MODULES_MORE (functions first, then methods, skipping any text the first two sets'
+    modules give) and `n_chat` instructions from all templates that neither chat set holds. Seeded
+    interleaving as in `write_more_prompts`; ids are "third-<source>-<index>"."""
+    templates = _CHAT_TEMPLATES + _CHAT_TEMPLATES_MORE
+    first = set(chat_prompts(first_chat, seed=seed))
+    second = set(chat_prompts(second_chat, seed=seed + 1, templates=templates, exclude=first))
+    known = set(stdlib_code_prompts()) | set(stdlib_method_prompts())
+    code = stdlib_code_prompts(modules=STDLIB_MODULES_MORE) + stdlib_method_prompts(
+        modules=STDLIB_MODULES_MORE
+    )
+    sources = {
+        "code": [p for p in code if p not in known][:n_code],
+        "chat": chat_prompts(n_chat, seed=seed + 2, templates=templates, exclude=first | second),
+    }
+    return _write_mixed(Path(path), "third", sources, seed)
+
+
+def _write_mixed(path: Path, tag: str, sources: dict[str, list[str]], seed: int) -> Path:
+    rows = [(f"{tag}-{src}-{i}", src, text) for src, texts in sources.items() for i, text in enumerate(texts)]
+    random.Random(seed).shuffle(rows)  # any prefix of the file mixes the sources
+    return _write_rows(path, rows)
