@@ -60,7 +60,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import DFlashConfig, default_target_layer_ids, load_checkpoint, save_checkpoint
+from specdec.checkpoint import (
+    DFlashConfig,
+    default_target_layer_ids,
+    load_checkpoint,
+    load_config,
+    save_checkpoint,
+)
 from specdec.protocols import EmbedFn, LMHeadFn, Verifier
 
 __all__ = [
@@ -556,7 +562,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     # warm start: a public-format checkpoint of the same drafter shape whose weights start this run (fresh
-    # optimizer and schedule); a checkpoint already in out_dir still wins (resume)
+    # optimizer and schedule; its draft vocabulary is kept, so it may train on new data; with held-out
+    # sequences it is evaluated at step 0); a checkpoint already in out_dir still wins (resume)
     init_from: str | None = None
     dtype: str = "float32"  # compute dtype: float32 or bfloat16 (autocast; master weights stay fp32)
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else cpu
@@ -1074,7 +1081,16 @@ def _train(
         pos = [data.target_layer_ids.index(layer) for layer in dcfg.target_layer_ids]
         cols = torch.cat([torch.arange(p * H, (p + 1) * H) for p in pos])
 
-    if cfg.draft_vocab_size is not None:  # from the training split only
+    if cfg.draft_vocab_size is not None and cfg.init_from is not None:
+        # a warm start keeps the ids it learned to predict, whatever data it trains on now
+        kept = load_config(cfg.init_from).draft_vocab
+        if len(kept or ()) != cfg.draft_vocab_size:
+            raise ValueError(
+                f"cannot start from {cfg.init_from!r}: its draft_vocab holds {len(kept or ())} ids, this "
+                f"run asks for draft_vocab_size {cfg.draft_vocab_size}"
+            )
+        dcfg = dataclasses.replace(dcfg, draft_vocab=kept)
+    elif cfg.draft_vocab_size is not None:  # from the training split only
         vocab = draft_vocabulary(data, train_idx, cfg.draft_vocab_size, dcfg.mask_token_id)
         dcfg = dataclasses.replace(dcfg, draft_vocab=tuple(vocab.tolist()))
     torch.manual_seed(cfg.seed)
@@ -1172,6 +1188,9 @@ def _train(
     )
     t_last, win = time.perf_counter(), torch.zeros(6, dtype=torch.float64)  # stats + weight sums
     try:
+        if held and start == 0 and cfg.init_from is not None and ctx.main:
+            write(evaluate(0))  # where the warm start begins, on this run's held-out sequences
+        ctx.barrier()
         for step in range(start, total):
             local = batch_at(step)[ctx.rank :: ctx.world]
             batch = collate(data, local, [anchors_for(i, step) for i in local], device=dev, cols=cols, kl=kl)

@@ -431,6 +431,19 @@ def test_draft_vocabulary_training(stub: StubVerifier, data: Path, tmp_path: Pat
     spec = generate(stub, prompt_ids, drafter=drafter, cfg=DecodeConfig(max_new_tokens=32, block_size=8))
     assert spec.output_tokens == base.output_tokens
     assert any(s.accepted for s in spec.steps if s.phase == "decode")
+    # a warm start on other training data keeps the ids the checkpoint learned, where a cold start on
+    # that data picks others
+    other = dict(steps=1, draft_vocab_size=24, holdout=6, seed=1)
+    cold = DFlashDrafter.from_pretrained(train(None, data, tiny(tmp_path / "cold", **other)))
+    warm = DFlashDrafter.from_pretrained(
+        train(None, data, tiny(tmp_path / "warm", init_from=str(ckpt), **other))
+    )
+    assert cold.model.draft_vocab.tolist() != drafter.model.draft_vocab.tolist()
+    assert warm.model.draft_vocab.tolist() == drafter.model.draft_vocab.tolist()
+    first = log_rows(tmp_path / "warm")[0]  # the warm start is evaluated before its first step
+    assert first["step"] == 0 and first["eval"]["acc"] > 0
+    with pytest.raises(ValueError, match="draft_vocab"):
+        train(None, data, tiny(tmp_path / "x", init_from=str(ckpt), steps=1, draft_vocab_size=20))
     with pytest.raises(ValueError, match="draft_vocab_size"):
         train(None, data, tiny(tmp_path / "x", draft_vocab_size=0))
     with pytest.raises(ValueError, match="below the vocabulary size"):
