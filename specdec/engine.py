@@ -165,7 +165,9 @@ def decode(
         t1 = clock()
         vprobe.reset()
         check = (lambda logits: sampler.verify(logits, draft, q, pos)) if sampler else None  # noqa: B023
-        target = verifier.verify([token, *draft], sample=check)  # [k+1]: verifier's token after each input
+        # [k+1]: the verifier's token after each input; with no drafter the next step's input is this
+        # step's output, which an asynchronous runtime can start on before the host sees it
+        target = verifier.verify([token, *draft], sample=check, ahead=drafter is None)
         vmem = vprobe.read()
         t2 = clock()
         a = n_accepted(draft, target)

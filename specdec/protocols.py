@@ -81,9 +81,13 @@ class Verifier(Protocol):
         (argmax, or `sample(logits[1, V])[0]`)."""
         ...
 
-    def verify(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> list[int]:
+    def verify(
+        self, tokens: Sequence[int], *, sample: SampleFn | None = None, ahead: bool = False
+    ) -> list[int]:
         """Append `tokens` in one forward; return the verifier's token after each of them
-        (argmax, or `sample(logits[T, V])`)."""
+        (argmax, or `sample(logits[T, V])`). `ahead`: the caller will most likely pass the returned
+        token back as the next call's only token (plain autoregressive decoding), so an asynchronous
+        runtime may start that step before returning; no result may depend on it."""
         ...
 
     def rollback(self, n: int) -> None:

@@ -257,6 +257,36 @@ def test_many_partial_rollbacks_match_full_recompute(verifiers, name):
     assert mx.array_equal(mx.argmax(cached, -1), mx.argmax(fresh, -1)).item()
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_run_ahead_is_invisible(verifiers, refs, name):
+    """The autoregressive fast path queues step n+1 before it syncs step n. Whatever comes next (the
+    queued token, another token, a block, a rollback, a prefill) sees what a synchronous loop leaves."""
+    v, ref = verifiers[name], refs[name]
+
+    def fresh(seq: list[int], n: int = 1) -> list[int]:  # greedy tokens after the last n, no cache
+        return mx.argmax(v.model(mx.array(seq)[None])[0, -n:], axis=-1).tolist()
+
+    v.set_target_layers(())
+    v.reset()
+    assert v.run_ahead
+    out = [v.prefill(PROMPT)]
+    for _ in range(5):
+        out += v.verify([out[-1]], ahead=True)
+    assert out == ref[:6] and v.position == PLEN + 5
+    assert [c.offset for c in v._cache] == [PLEN + 6] * len(v._cache)  # one step queued, not counted
+    seq = PROMPT + out[:-1] + [(out[-1] + 1) % v.vocab_size]  # not the queued token
+    assert v.verify(seq[-1:], ahead=True) == fresh(seq)
+    v.rollback(1)  # drops the newly queued step, then the token
+    seq = [*seq[:-1], 5, 6, 7]
+    assert v.verify(seq[-3:], ahead=True) == fresh(seq, 3) and v.position == len(seq)
+    nxt = v.verify([11], ahead=True)  # queues a step on its result
+    seq += [11, 9, 10]
+    assert v.prefill(seq[-2:]) == fresh(seq)[0] and nxt == fresh(seq[:-2])
+    assert [c.offset for c in v._cache] == [len(seq)] * len(v._cache) == [v.position] * len(v._cache)
+    assert v.verify([3]) == fresh([*seq, 3])  # no `ahead`: nothing queued
+    assert v._ahead is None
+
+
 def test_window_is_applied_with_plain_kvcache(paths, verifiers):
     """Gemma's sliding layers on a plain KVCache still see only the last 16 positions: token-by-token
     decoding equals a cache-free forward (which builds the windowed mask itself), and a model without the

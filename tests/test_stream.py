@@ -41,7 +41,7 @@ class ScriptVerifier(StubVerifier):
         super().prefill(tokens)
         return self._at(self.position)
 
-    def verify(self, tokens, *, sample=None):
+    def verify(self, tokens, *, sample=None, ahead=False):
         p0 = self.position
         super().verify(tokens)
         return [self._at(p0 + i + 1) for i in range(len(tokens))]

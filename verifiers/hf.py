@@ -210,8 +210,10 @@ class HFVerifier:
         logits = self.forward(tokens, last_only=True)  # [1, V]
         return sample(logits)[0] if sample else int(logits[-1].argmax())
 
-    def verify(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> list[int]:
-        logits = self.forward(tokens)  # [T, V]
+    def verify(
+        self, tokens: Sequence[int], *, sample: SampleFn | None = None, ahead: bool = False
+    ) -> list[int]:
+        logits = self.forward(tokens)  # [T, V]; `ahead` buys nothing on a synchronous runtime
         return sample(logits) if sample else logits.argmax(-1).tolist()
 
     def rollback(self, n: int) -> None:

@@ -10,6 +10,12 @@ Contract (beyond `specdec.protocols.Verifier`):
 - `prefill` runs the LM head on the last position only (the last decoder layer's output is sliced before
   the final norm), in chunks of `prefill_chunk` tokens; `verify` runs one `model(ids[None], cache=...)`;
   greedy argmax on the MLX side, `.tolist()` is the sync point.
+- Run-ahead (the autoregressive fast path, pipelined as `mlx_lm.generate_step` does): a greedy
+  one-token `verify(..., ahead=True)` with no features to capture queues the forward of its own result
+  (`mx.async_eval`) before it syncs, so the device computes step n+1 while the host finishes step n.
+  The next `verify` of that same token takes the queued result; anything else (another token, prefill,
+  rollback, reset) first trims the queued position off the cache, which is exact for the plain caches
+  it is used with. `position` never counts the queued position.
 - Rollback is exact for every cache it builds, or refused: `check_rollback` raises RuntimeError naming the
   cache types (recurrent / SSM caches, rotating caches of unverified architectures). Every rollback checks
   that each layer's cache offset moved by exactly n.
@@ -265,6 +271,8 @@ class MLXVerifier:
     def reset(self) -> None:
         self._cache = self._make_cache()
         self._pos, self._feats = 0, None
+        self._ahead: tuple[int, mx.array] | None = None  # (token fed ahead, its greedy successor [1])
+        self.run_ahead = all(type(c) in _EXACT_CACHES for c in self._cache)  # the queued step is trimmable
 
     def check_rollback(self) -> None:
         bad = sorted({type(c).__name__ for c in self._cache if type(c) not in _EXACT_CACHES})
@@ -283,7 +291,18 @@ class MLXVerifier:
             raise ValueError(f"cannot roll back {n} of {self._pos} cached positions")
         if n == 0:
             return
+        self._drop_ahead()
         self.check_rollback()
+        self._trim(n)
+        self._pos -= n
+
+    def _drop_ahead(self) -> None:
+        """Trim the queued run-ahead position (if any) off the cache; `position` is unchanged."""
+        if self._ahead is not None:
+            self._ahead = None
+            self._trim(1)
+
+    def _trim(self, n: int) -> None:
         for i, c in enumerate(self._cache):
             before = c.offset
             got = c.trim(n)
@@ -292,7 +311,6 @@ class MLXVerifier:
                     f"rollback of {n} moved layer {i}'s {type(c).__name__} from {before} to {c.offset} "
                     f"(trim returned {got})"
                 )
-        self._pos -= n
 
     # ---- forward -------------------------------------------------------------------------------------
 
@@ -335,16 +353,17 @@ class MLXVerifier:
             for i, layer in originals.items():
                 layers[start + i] = layer
 
-    def _forward(self, tokens: Sequence[int], *, last_only: bool) -> mx.array:
+    def _forward(self, tokens: Sequence[int] | mx.array, *, last_only: bool) -> mx.array:
         """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). Sets the features."""
-        T, p0 = len(tokens), self._pos
+        ids = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)  # [T]
+        T, p0 = ids.shape[0], self._pos
         if T == 0:
             raise ValueError("no tokens to process")
         if p0 + T > self.max_context:
             raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {self.max_context}")
         store: dict[int, mx.array] = {}
         with self._tapped(store, last_only=last_only):
-            logits = self.model(mx.array(tokens, dtype=mx.int32)[None], cache=self._cache)  # [1, T|1, V]
+            logits = self.model(ids[None], cache=self._cache)  # [1, T|1, V]
         self._pos = p0 + T
         # [T, K*H], layers in the order asked for
         self._feats = (
@@ -353,6 +372,7 @@ class MLXVerifier:
         return logits[0]
 
     def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
+        self._drop_ahead()
         feats: list[mx.array] = []
         for s in range(0, len(tokens), self.prefill_chunk):
             logits = self._forward(tokens[s : s + self.prefill_chunk], last_only=True)  # [1, V]
@@ -363,8 +383,30 @@ class MLXVerifier:
         self._feats = mx.concatenate(feats, axis=0) if len(feats) > 1 else (feats[0] if feats else None)
         return self._pick(logits, sample)[-1]
 
-    def verify(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> list[int]:
-        return self._pick(self._forward(tokens, last_only=False), sample)  # logits [T, V]
+    def verify(
+        self, tokens: Sequence[int], *, sample: SampleFn | None = None, ahead: bool = False
+    ) -> list[int]:
+        queued = self._ahead
+        one = ahead and len(tokens) == 1 and sample is None and not self._layer_ids and self.run_ahead
+        if queued is not None and one and queued[0] == tokens[0]:
+            self._ahead, self._pos = None, self._pos + 1  # the queued step is this one
+            out = queued[1]  # [1], computed or in flight
+        else:
+            self._drop_ahead()
+            logits = self._forward(tokens, last_only=False)  # [T, V]
+            if not one:
+                return self._pick(logits, sample)
+            out = mx.argmax(logits, axis=-1).astype(mx.int32)  # [1]
+            mx.async_eval(out)
+        if self._pos < self.max_context:  # queue the next step on this one's (still lazy) result
+            nxt = mx.argmax(self._forward(out, last_only=False), axis=-1).astype(mx.int32)  # [1]
+            mx.async_eval(nxt)
+            self._pos -= 1  # the queued position is not committed
+        else:
+            nxt = None
+        token = out.item()  # the sync point: waits for this step only
+        self._ahead = (token, nxt) if nxt is not None else None
+        return [token]
 
     def _pick(self, logits: mx.array, sample: SampleFn | None) -> list[int]:
         """The verifier's token at each row of logits [T, V]: argmax on the MLX side, or `sample` on a
