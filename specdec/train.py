@@ -1188,9 +1188,10 @@ def _train(
     )
     t_last, win = time.perf_counter(), torch.zeros(6, dtype=torch.float64)  # stats + weight sums
     try:
-        if held and start == 0 and cfg.init_from is not None and ctx.main:
-            write(evaluate(0))  # where the warm start begins, on this run's held-out sequences
-        ctx.barrier()
+        if held and start == 0 and cfg.init_from is not None:
+            if ctx.main:
+                write(evaluate(0))  # where the warm start begins, on this run's held-out sequences
+            ctx.barrier()
         for step in range(start, total):
             local = batch_at(step)[ctx.rank :: ctx.world]
             batch = collate(data, local, [anchors_for(i, step) for i in local], device=dev, cols=cols, kl=kl)

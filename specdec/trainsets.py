@@ -94,6 +94,8 @@ _CHAT_TEMPLATES_MORE = (
     "You are a teacher. Grade this student answer from 1 to 10 and explain: '{t} is the same as {u}.'",
 )  # fmt: skip
 
+_ALL_TEMPLATES = _CHAT_TEMPLATES + _CHAT_TEMPLATES_MORE
+
 _TOPICS = (
     "photosynthesis", "compound interest", "the water cycle", "machine learning", "black holes",
     "the French Revolution", "volcanoes", "public transport", "sourdough baking", "chess openings",
@@ -215,12 +217,10 @@ def write_more_prompts(
     templates (including the reasoning / math / extraction ones) that the first set does not hold,
     interleaved in a seeded order so any prefix of the file mixes code and chat. Ids are
     "more-<source>-<index within the source>", so both sets can share one dataset directory."""
-    first = set(chat_prompts(after_chat, seed=seed))
-    templates = _CHAT_TEMPLATES + _CHAT_TEMPLATES_MORE
     sources = {
         "code": stdlib_code_prompts()[after_code:],
         "method": stdlib_method_prompts(n_method),
-        "chat": chat_prompts(n_chat, seed=seed + 1, templates=templates, exclude=first),
+        "chat": _second_chat(after_chat, n_chat, seed),
     }
     return _write_mixed(Path(path), "more", sources, seed)
 
@@ -233,18 +233,22 @@ def write_third_prompts(
     methods of STDLIB_MODULES_MORE (functions first, then methods, skipping any text the first two sets'
     modules give) and `n_chat` instructions from all templates that neither chat set holds. Seeded
     interleaving as in `write_more_prompts`; ids are "third-<source>-<index>"."""
-    templates = _CHAT_TEMPLATES + _CHAT_TEMPLATES_MORE
-    first = set(chat_prompts(first_chat, seed=seed))
-    second = set(chat_prompts(second_chat, seed=seed + 1, templates=templates, exclude=first))
+    earlier = set(chat_prompts(first_chat, seed=seed)) | set(_second_chat(first_chat, second_chat, seed))
     known = set(stdlib_code_prompts()) | set(stdlib_method_prompts())
     code = stdlib_code_prompts(modules=STDLIB_MODULES_MORE) + stdlib_method_prompts(
         modules=STDLIB_MODULES_MORE
     )
     sources = {
         "code": [p for p in code if p not in known][:n_code],
-        "chat": chat_prompts(n_chat, seed=seed + 2, templates=templates, exclude=first | second),
+        "chat": chat_prompts(n_chat, seed=seed + 2, templates=_ALL_TEMPLATES, exclude=earlier),
     }
     return _write_mixed(Path(path), "third", sources, seed)
+
+
+def _second_chat(first_chat: int, n_chat: int, seed: int) -> list[str]:
+    """The second set's instructions: all templates, none of the first set's `first_chat`."""
+    first = set(chat_prompts(first_chat, seed=seed))
+    return chat_prompts(n_chat, seed=seed + 1, templates=_ALL_TEMPLATES, exclude=first)
 
 
 def _write_mixed(path: Path, tag: str, sources: dict[str, list[str]], seed: int) -> Path:

@@ -272,10 +272,13 @@ class MLXVerifier:
         self._cache = self._make_cache()
         self._pos, self._feats = 0, None
         self._ahead: tuple[int, mx.array] | None = None  # (token fed ahead, its greedy successor [1])
-        self.run_ahead = all(type(c) in _EXACT_CACHES for c in self._cache)  # the queued step is trimmable
+        self.run_ahead = not self._inexact_caches()  # a queued step must be trimmable
+
+    def _inexact_caches(self) -> list[str]:
+        return sorted({type(c).__name__ for c in self._cache if type(c) not in _EXACT_CACHES})
 
     def check_rollback(self) -> None:
-        bad = sorted({type(c).__name__ for c in self._cache if type(c) not in _EXACT_CACHES})
+        bad = self._inexact_caches()
         if bad:
             text_cfg = self.config.get("text_config", self.config)
             types = sorted({str(t) for t in text_cfg.get("layer_types") or ()} - _ATTENTION_LAYER_TYPES)
