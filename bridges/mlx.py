@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.kernels import linear_fn
 from specdec.protocols import EmbedFn, LMHeadFn
 
 __all__ = [
@@ -188,9 +189,10 @@ def make_lm_head_fn(
         rows = rows.to(device=weight.device)
         weight, b = weight[rows], None if b is None else b[rows]  # [K, H], [K]
     cap = final_softcap(model)
+    linear = linear_fn(device, dtype)  # oneDNN on a CPU in fp32: a block read-out costs half
 
     def lm_head(h: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h, weight, b)  # [..., V]
+        logits = linear(h, weight, b)  # [..., V]
         return torch.tanh(logits / cap) * cap if cap is not None else logits
 
     return lm_head

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.checkpoint import SLIDING, DFlashConfig, check_state_dict, load_checkpoint, save_checkpoint
+from specdec.kernels import use_onednn
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord, check_compatible
 
 if TYPE_CHECKING:
@@ -556,6 +557,7 @@ class DFlashDrafter:
         self.min_confidence = min_confidence
         cfg = model.cfg
         self.model = model.eval()
+        use_onednn(model)  # float32 on a CPU: a block costs much less (see specdec.kernels)
         self.cfg = cfg
         self.name = name
         self.block_size = cfg.block_size

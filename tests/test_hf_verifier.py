@@ -362,3 +362,28 @@ def test_real_model_greedy_equivalence(real, name):
         assert res.output_tokens == ref, (kind, tok.decode(res.output_tokens), tok.decode(ref))
         if kind == "all":
             assert len(res.decode_steps) <= -(-(len(ref) - 1) // 7)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma"])
+def test_cpu_kernels_keep_the_models_output(folders, verifiers, refs, name):
+    """oneDNN linears + masked GQA (the default on CPU) against the model exactly as transformers loads it."""
+    from specdec.kernels import onednn_usable
+
+    plain = HFVerifier(folders[name], onednn=False)
+    assert plain.model.config._attn_implementation == "sdpa"
+    assert type(plain.model.get_output_embeddings()) is torch.nn.Linear
+    fast = verifiers[name]
+    assert fast.model.config._attn_implementation == "specdec_sdpa"
+    if onednn_usable("cpu", torch.float32):
+        assert type(fast.model.get_output_embeddings()).__name__ == "OneDNNLinear"
+    assert hf_generate(plain, prompt_of(40), N_NEW) == refs[name]  # refs: the fast verifier's generate
+    prompt, block = prompt_of(40), prompt_of(8, seed=2)
+    for v in (plain, fast):
+        v.set_target_layers((0, 1))
+        v.reset()
+        v.prefill(prompt)
+    a, b = plain.forward(block), fast.forward(block)  # [8, V]: a multi-token, masked verify
+    torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    fa, fb = (v.features(8, device=torch.device("cpu"), dtype=torch.float32) for v in (plain, fast))
+    torch.testing.assert_close(fb, fa, atol=1e-4, rtol=1e-4)
+    fast.set_target_layers(())

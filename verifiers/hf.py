@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specdec.kernels import linear_fn, use_onednn
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn
 
@@ -46,6 +47,43 @@ def _as_ids(value: Any) -> set[int]:
     return {int(v) for v in value}
 
 
+def _sdpa_gqa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kw: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, except that a masked multi-token call lets torch broadcast the
+    shared K/V heads (`enable_gqa`) where transformers would `repeat_kv`, i.e. copy the whole cache
+    n_rep times in every layer of every verify. CPU only: there torch's SDPA kernel takes both."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    plain = (
+        getattr(module, "num_key_value_groups", 1) == 1 or attention_mask is None or query.shape[2] == 1
+        or kw.get("dropout", 0.0) or kw.get("softcap") is not None or kw.get("position_bias") is not None
+    )  # fmt: skip
+    if plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, scale=kw.get("scaling"), enable_gqa=True
+    )  # [1, heads, T, D]
+    return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
+
+
+def _attend_gqa_in_place(model: torch.nn.Module) -> None:
+    """Switch a model that runs transformers' SDPA attention to `_sdpa_gqa` (same masks)."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("specdec_sdpa", _sdpa_gqa)
+    AttentionMaskInterface.register("specdec_sdpa", sdpa_mask)
+    model.set_attn_implementation("specdec_sdpa")
+
+
 class HFVerifier:
     """Verifier on `AutoModelForCausalLM`: a model folder (or a loaded model), fp32 on CPU by default."""
 
@@ -58,7 +96,11 @@ class HFVerifier:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         tokenizer: Any = None,
+        onednn: bool = True,
     ) -> None:
+        """`onednn`: on a CPU in float32, run the model's linears with oneDNN (`specdec.kernels`: a verify
+        of several tokens costs much less) and let grouped-query attention read the shared K/V heads
+        under a mask instead of copying them (bit-identical). Off: the model runs exactly as loaded."""
         if isinstance(model_path_or_model, torch.nn.Module):
             model = model_path_or_model.to(device=device, dtype=dtype)
             path = getattr(model.config, "_name_or_path", "") or type(model).__name__
@@ -68,6 +110,9 @@ class HFVerifier:
             if tokenizer is None:
                 tokenizer = self._load_tokenizer(Path(path))
         self.model = model.eval()
+        if onednn and torch.device(device).type == "cpu":
+            use_onednn(model)
+            _attend_gqa_in_place(model)
         self.config = cfg = model.config.get_text_config(decoder=True)
         base = getattr(model, "model", None)
         layers = getattr(base, "layers", None)
@@ -270,9 +315,10 @@ class HFVerifier:
             rows = rows.to(device=weight.device)
             weight, bias = weight[rows], None if bias is None else bias[rows]  # [K, H], [K]
         cap = getattr(self.config, "final_logit_softcapping", None)
+        linear = linear_fn(device, dtype)
         if cap is None:
-            return lambda h: F.linear(h, weight, bias)
-        return lambda h: torch.tanh(F.linear(h, weight, bias) / cap) * cap
+            return lambda h: linear(h, weight, bias)
+        return lambda h: torch.tanh(linear(h, weight, bias) / cap) * cap
 
     def memory_probe(self) -> MemoryProbe:
         return probe_for_module(self.model)

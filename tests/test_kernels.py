@@ -1,0 +1,77 @@
+"""oneDNN linears (`specdec.kernels`) and the verifier's masked GQA attention against the defaults."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.kernels import OneDNNLinear, linear_fn, onednn_usable, use_onednn
+
+needs_onednn = pytest.mark.skipif(not onednn_usable("cpu", torch.float32), reason="no oneDNN linear")
+
+
+def test_usable_only_for_float32_on_cpu():
+    assert not onednn_usable("cpu", torch.bfloat16)
+    assert not onednn_usable("meta", torch.float32)
+    assert linear_fn("cpu", torch.bfloat16) is F.linear
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(1, 64), (7, 64), (1, 5, 64), (2, 3, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_fn_matches_f_linear(shape, bias):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g)
+    w = torch.randn(96, 64, generator=g)
+    b = torch.randn(96, generator=g) if bias else None
+    fast = linear_fn("cpu", torch.float32)
+    assert fast is not F.linear
+    with torch.inference_mode():
+        got = fast(x, w, b)
+        strided = fast(torch.randn(1, 9, 64, generator=g)[:, 2:8], w, b)  # a non-contiguous slice
+    assert got.shape == (*shape[:-1], 96)
+    torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
+    assert strided.shape == (1, 6, 96)
+
+
+@needs_onednn
+def test_use_onednn_keeps_parameters_and_training():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16, bias=False))
+    net[2].weight = torch.nn.Parameter(net[0].weight.t().clone())  # [16, 32]
+    ref = [p.detach().clone() for p in net.parameters()]
+    keys = list(net.state_dict())
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        before = net(x)
+    assert use_onednn(net) == 2
+    assert all(type(m) is OneDNNLinear for m in (net[0], net[2]))
+    assert list(net.state_dict()) == keys
+    assert all(torch.equal(a, b) for a, b in zip(ref, net.parameters()))
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), before, atol=1e-5, rtol=1e-5)
+    loss = net(x).square().sum()  # the default kernel runs when gradients are needed
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
+    assert use_onednn(net) == 0  # already switched
+
+
+def test_masked_gqa_attention_is_bit_identical():
+    pytest.importorskip("transformers")
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from specdec.verifiers.hf import _sdpa_gqa
+
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    g = torch.Generator().manual_seed(0)
+    T, S = 8, 40
+    q = torch.randn(1, 6, T, 16, generator=g)
+    k, v = (torch.randn(1, 2, S, 16, generator=g) for _ in range(2))
+    mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)[None, None]  # [1, 1, T, S] causal over the cache
+    mask[..., :5] = False  # a sliding window, say
+    got, _ = _sdpa_gqa(module, q, k, v, mask, scaling=0.25)
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+    assert got.shape == want.shape == (1, T, 6, 16)
+    assert torch.equal(got, want)
