@@ -1,0 +1,248 @@
+"""Replay drafting policies offline: τ and speed of `--min-confidence P` (with or without `+lookup`)
+for many P from one pass over the verifier's greedy answers, instead of one full eval per P.
+
+Why it is exact at T = 0: the committed text is the verifier's greedy output whatever is proposed, and
+what the drafter proposes after a position depends only on that position (its context is the committed
+prefix and the verifier's features of it; prompt lookup sees the same prefix). So one teacher-forced pass
+records, at every position of each answer, the DFlash block with its top-1 probabilities and the lookup
+proposal. A policy is then a walk over these records, as `specdec.engine.decode` takes its steps; each
+step is charged the measured time of a verify of its length plus the drafter's time when it ran.
+The τ a replay gives is the τ the engine measures (tested); the speedup is an estimate from the cost
+table (it leaves out the loop's own overheads, a few percent).
+
+    python -m specdec.evals.replay --model smollm2-135m --drafter bundled:smollm2-135m \\
+        --dataset humaneval --limit 20 --grid 0 0.2 0.4 0.6 0.8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from specdec.dflash import DFlashDrafter
+from specdec.engine import DecodeConfig, n_accepted
+from specdec.ngram import PromptLookupDrafter
+from specdec.protocols import Verifier
+
+__all__ = ["Position", "ReplayResult", "Trace", "measure_costs", "record", "replay"]
+
+
+@dataclass(frozen=True)
+class Position:
+    """What would be proposed right after one committed output token."""
+
+    dflash: tuple[int, ...]  # the drafter's greedy block (block_size - 1 ids)
+    confidence: tuple[float, ...]  # its top-1 probabilities
+    lookup: tuple[int, ...]  # prompt lookup's proposal; () when the last n-gram never occurred before
+
+
+@dataclass
+class Trace:
+    prompt_id: str
+    output: list[int]  # the verifier's greedy answer
+    positions: list[Position] = field(default_factory=list)  # one per output token but the last
+
+
+@torch.inference_mode()
+def record(
+    verifier: Verifier,
+    drafter: DFlashDrafter,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    *,
+    prompt_id: str = "0",
+    block_size: int = 16,
+) -> Trace:
+    """One teacher-forced pass over prompt + output (`drafter` bound to `verifier`). `block_size` is the
+    engine's (lookup proposes up to block_size - 1 tokens, as in `LookupFirstDrafter`)."""
+    prompt, output = list(prompt), list(output)
+    P, N = len(prompt), len(output)
+    proposer = drafter.proposer
+    if proposer is None:
+        raise RuntimeError(f"drafter {drafter.name!r} is not bound: call bind(verifier) first")
+    verifier.set_target_layers(drafter.target_layer_ids)
+    verifier.reset()
+    verifier.prefill(prompt + output[:-1])
+    feats = verifier.features(P + N - 1, device=drafter.device, dtype=drafter.dtype)  # [P+N-1, K*H]
+    drafter.reset()
+    drafter.extend(feats[:P], prompt)
+    lookup = PromptLookupDrafter(block_size=block_size, min_ngram=2, max_ngram=3)
+    lookup.extend(feats[:0], prompt)  # lookup ignores the features
+    trace = Trace(prompt_id, output)
+    for i in range(N - 1):
+        logits = proposer.block_logits(output[i], drafter.block_size - 1)  # [bs-1, K]
+        top, best = logits.float().softmax(dim=-1).max(dim=-1)  # [bs-1], [bs-1]
+        ids = proposer.rows[best] if proposer.rows is not None else best
+        lk = lookup.propose(output[i], block_size - 1)
+        trace.positions.append(Position(tuple(ids.tolist()), tuple(top.tolist()), tuple(lk)))
+        drafter.extend(feats[P + i : P + i + 1], [output[i]])
+        lookup.extend(feats[:0], [output[i]])
+    return trace
+
+
+def measure_costs(
+    verifier: Verifier,
+    drafter: DFlashDrafter,
+    *,
+    context: int = 400,
+    sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16),
+    reps: int = 10,
+) -> tuple[dict[int, float], float]:
+    """Median seconds of a verify of each size at `context` cached positions, and of one proposal."""
+    ids = [int(t) for t in torch.randint(10, verifier.vocab_size - 10, (context + max(sizes),)).tolist()]
+    verifier.set_target_layers(drafter.target_layer_ids)
+    verifier.reset()
+    verifier.prefill(ids[:context])
+    drafter.reset()
+    drafter.extend(verifier.features(context, device=drafter.device, dtype=drafter.dtype), ids[:context])
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    draft: list[float] = []
+    for _ in range(reps):
+        for b in sizes:  # each verify ends in a host list: timed end to end
+            t = time.perf_counter()
+            verifier.verify(ids[context : context + b])
+            times[b].append(time.perf_counter() - t)
+            verifier.rollback(b)
+        t = time.perf_counter()
+        drafter.propose(ids[context], drafter.block_size - 1)
+        draft.append(time.perf_counter() - t)
+    return {b: statistics.median(x) for b, x in times.items()}, statistics.median(draft)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    min_confidence: float
+    lookup: bool
+    tau: float  # mean acceptance length over decode steps, as the engine reports it
+    steps: int
+    tokens: int
+    est_speedup: float | None  # AR time / replayed time, from the cost table; None without one
+
+
+def _cut(pos: Position, p: float) -> tuple[int, ...]:
+    if p <= 0:
+        return pos.dflash
+    run = np.cumprod(pos.confidence)
+    below = np.flatnonzero(run < p)
+    return pos.dflash[: int(below[0])] if len(below) else pos.dflash
+
+
+def replay(
+    traces: Sequence[Trace],
+    *,
+    min_confidence: float,
+    lookup: bool = True,
+    block_size: int = 16,
+    max_new_tokens: int | None = None,
+    costs: Mapping[int, float] | None = None,
+    draft_s: float = 0.0,
+) -> ReplayResult:
+    """Walk each trace as the engine would with this policy (see the module docstring)."""
+    sizes = sorted(costs) if costs else []
+
+    def cost(b: int) -> float:
+        return float(np.interp(b, sizes, [costs[s] for s in sizes]))
+
+    steps = accepted_plus_one = tokens = 0
+    spent = ar = 0.0
+    for tr in traces:
+        out, i = tr.output, 0
+        limit = max_new_tokens or len(out)
+        while i < len(out) - 1:
+            pos = tr.positions[i]
+            k = min(block_size - 1, limit - (i + 1) - 1)  # what the engine lets a step draft
+            if lookup and pos.lookup:
+                draft, ran = pos.lookup[:k], False
+            else:
+                draft, ran = _cut(pos, min_confidence)[: min(k, len(pos.dflash))], True
+            a = n_accepted(draft, out[i + 1 :])
+            steps, accepted_plus_one = steps + 1, accepted_plus_one + a + 1
+            if costs:
+                spent += cost(len(draft) + 1) + (draft_s if ran and k > 0 else 0.0)
+            i += a + 1
+        tokens += len(out) - 1
+        ar += (len(out) - 1) * cost(1) if costs else 0.0
+    return ReplayResult(
+        min_confidence, lookup, accepted_plus_one / max(steps, 1), steps, tokens,
+        ar / spent if costs and spent else None,
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from specdec.api import load_drafter, load_verifier
+    from specdec.engine import generate
+    from specdec.evals.datasets import load_dataset, second_turn_messages
+    from specdec.evals.run import encode_messages
+
+    p = argparse.ArgumentParser(prog="python -m specdec.evals.replay", description=__doc__.split("\n\n")[0])
+    p.add_argument("--verifier", default="hf", choices=("hf", "mlx", "stub"))
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--drafter", default="bundled:smollm2-135m", help="a DFlash drafter (no '+lookup')")
+    p.add_argument("--dataset", default="humaneval", choices=("humaneval", "mtbench"))
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--turns", type=int, default=1, choices=(1, 2))
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--grid", type=float, nargs="+", default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9])
+    p.add_argument("--out", help="write traces' figures and the cost table here (JSON)")
+    args = p.parse_args(argv)
+
+    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype)
+    drafter = load_drafter(args.drafter, verifier=verifier, dtype=args.dtype)
+    if not isinstance(drafter, DFlashDrafter):
+        p.error(f"--drafter {args.drafter!r}: give a DFlash drafter (lookup is replayed with and without)")
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=1)
+    traces: list[Trace] = []
+    for rec in load_dataset(args.dataset, limit=args.limit):
+        messages = rec.messages
+        for turn in range(1, args.turns + 1):
+            ids, _ = encode_messages(verifier, messages)
+            pid = rec.id if turn == 1 else f"{rec.id}:turn{turn}"
+            res = generate(verifier, ids, cfg=cfg, prompt_id=pid)  # the greedy answer
+            traces.append(
+                record(
+                    verifier, drafter, ids, res.output_tokens, prompt_id=res.id, block_size=args.block_size
+                )
+            )
+            print(
+                f"recorded {res.id}: {len(ids)} prompt + {len(res.output_tokens)} output tokens", flush=True
+            )
+            if turn < args.turns and len(rec.turns) > 1:
+                answer = verifier.tokenizer.decode(
+                    [t for t in res.output_tokens if t not in verifier.eos_token_ids]
+                )
+                messages = second_turn_messages(rec, answer)
+    ctx = int(statistics.mean(len(t.output) for t in traces)) + 150
+    costs, draft_s = measure_costs(verifier, drafter, context=ctx)
+    print(
+        "verify ms by tokens:",
+        {b: round(c * 1e3, 1) for b, c in costs.items()},
+        f"drafter {draft_s * 1e3:.1f} ms",
+    )
+    rows = [
+        replay(traces, min_confidence=pc, lookup=lk, block_size=args.block_size,
+               max_new_tokens=args.max_new_tokens, costs=costs, draft_s=draft_s)
+        for lk in (True, False) for pc in args.grid
+    ]  # fmt: skip
+    print(f"{'policy':28s} {'tau':>6s} {'est speedup':>12s}")
+    for r in rows:
+        name = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}"
+        print(f"{name:28s} {r.tau:6.2f} {r.est_speedup:11.2f}x")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(
+                {"costs_s": costs, "draft_s": draft_s, "results": [asdict(r) for r in rows]}, f, indent=1
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

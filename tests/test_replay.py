@@ -1,0 +1,90 @@
+"""The policy replay (`specdec.evals.replay`) against the engine: same steps, same τ, for DFlash blocks cut
+at several confidences, with and without prompt lookup."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from test_dflash import make_model, stub_cfg
+
+from specdec.dflash import DFlashDrafter
+from specdec.engine import DecodeConfig, generate
+from specdec.evals.replay import measure_costs, record, replay
+from specdec.ngram import LookupFirstDrafter
+from specdec.verifiers.stub import StubVerifier
+
+
+def engine_tau(verifier, model, prompt, *, p, lookup, n):
+    drafter = DFlashDrafter(model, min_confidence=p)
+    drafter.bind(verifier)
+    bs = 16 if lookup else drafter.block_size
+    if lookup:
+        drafter = LookupFirstDrafter(drafter, block_size=16)
+    res = generate(verifier, prompt, drafter=drafter, cfg=DecodeConfig(max_new_tokens=n, block_size=bs))
+    steps = res.decode_steps
+    return statistics.mean(s.acceptance_length for s in steps), len(steps), res.output_tokens, bs
+
+
+def check(verifier, model, prompt, n, ps):
+    base = generate(verifier, prompt, cfg=DecodeConfig(max_new_tokens=n, block_size=1)).output_tokens
+    drafter = DFlashDrafter(model)
+    drafter.bind(verifier)
+    trace = record(verifier, drafter, prompt, base)
+    assert len(trace.positions) == len(base) - 1
+    for lookup in (False, True):
+        for p in ps:
+            tau, steps, out, bs = engine_tau(verifier, model, prompt, p=p, lookup=lookup, n=n)
+            assert out == base
+            r = replay([trace], min_confidence=p, lookup=lookup, block_size=bs, max_new_tokens=n)
+            assert (r.steps, r.tokens) == (steps, len(base) - 1), (p, lookup)
+            assert r.tau == pytest.approx(tau), (p, lookup)
+    return trace
+
+
+def test_replay_equals_the_engine_on_the_stub():
+    verifier = StubVerifier()
+    model = make_model(stub_cfg())
+    prompt = verifier.tokenizer.encode("speculative decoding, exactly; speculative decoding, exactly")
+    probe = DFlashDrafter(model)
+    probe.bind(verifier)
+    n = 48
+    first = [
+        p.confidence[0]
+        for p in record(verifier, probe, prompt, generate(verifier, prompt, cfg=DecodeConfig(
+            max_new_tokens=n, block_size=1)).output_tokens).positions
+    ]  # fmt: skip
+    qs = statistics.quantiles(first, n=4)  # cut points that split the steps
+    trace = check(verifier, model, prompt, n, [0.0, *qs])
+    assert any(p.lookup for p in trace.positions)  # the lookup path was exercised
+
+
+def test_costs_and_estimated_speedup():
+    verifier = StubVerifier()
+    drafter = DFlashDrafter(make_model(stub_cfg()))
+    drafter.bind(verifier)
+    costs, draft_s = measure_costs(verifier, drafter, context=20, sizes=(1, 4, 16), reps=2)
+    assert set(costs) == {1, 4, 16} and all(c > 0 for c in costs.values()) and draft_s > 0
+    prompt = verifier.tokenizer.encode("abcabcabc")
+    out = generate(verifier, prompt, cfg=DecodeConfig(max_new_tokens=24, block_size=1)).output_tokens
+    trace = record(verifier, drafter, prompt, out)
+    flat = {1: 1.0, 16: 1.0}  # a verify of any length costs one step and the drafter is free
+    r = replay([trace], min_confidence=0.0, lookup=True, costs=flat)
+    assert r.est_speedup == pytest.approx(r.tau)  # every step commits τ tokens on average
+    assert replay([trace], min_confidence=0.0).est_speedup is None
+
+
+@pytest.mark.slow
+def test_replay_equals_the_engine_on_smollm2():
+    from specdec.api import bundled_drafter
+    from specdec.evals.datasets import load_humaneval
+    from specdec.evals.run import encode_messages
+    from specdec.models import fetch
+    from specdec.verifiers.hf import HFVerifier
+
+    verifier = HFVerifier(fetch("smollm2-135m"))
+    model = DFlashDrafter.from_pretrained(bundled_drafter("smollm2-135m")).model
+    prompt, _ = encode_messages(verifier, load_humaneval(limit=1)[0].messages)
+    trace = check(verifier, model, prompt, 48, [0.0, 0.4, 0.8])
+    assert max(len(p.lookup) for p in trace.positions) > 0
+    assert max(p.confidence[0] for p in trace.positions) > 0.5  # a trained drafter: confident somewhere
