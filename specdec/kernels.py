@@ -7,12 +7,13 @@ Inductor emits for CPU linears) streams the weight once. Measured on the 2-core 
 SmolLM2-135M fp32 at a 350-token context, one verify of B tokens: B=1 65 -> 61 ms, B=8 128 -> 104 ms;
 the drafter's [7, 8192] read-out 3.5 -> 1.7 ms. Results agree with `F.linear` to float rounding.
 
-Used for inference only (`torch.no_grad` / `inference_mode`, float32 on CPU); anything else, or a
-build without the op, takes `F.linear`.
+Used for inference only (`torch.no_grad` / `inference_mode`, float32 on an x86-64 CPU: the only place
+it was measured); anything else, or a build without the op, takes `F.linear`.
 """
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable
 from functools import cache
 
@@ -27,7 +28,7 @@ LinearFn = Callable[..., torch.Tensor]
 @cache
 def _op_works() -> bool:
     """The op exists in this build and agrees with F.linear (checked once per process)."""
-    if not torch.backends.mkldnn.is_available():
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
         return False
     try:
         op = torch.ops.mkldnn._linear_pointwise
@@ -40,7 +41,7 @@ def _op_works() -> bool:
 
 
 def onednn_usable(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """oneDNN linears apply: float32 on the CPU of a build that has a working op."""
+    """oneDNN linears apply: float32 on an x86-64 CPU, in a build that has a working op."""
     return torch.device(device).type == "cpu" and dtype == torch.float32 and _op_works()
 
 
