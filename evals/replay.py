@@ -17,7 +17,6 @@ table (it leaves out the loop's own overheads, a few percent).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -28,7 +27,7 @@ import torch
 
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, n_accepted
-from specdec.ngram import PromptLookupDrafter
+from specdec.ngram import LookupFirstDrafter
 from specdec.protocols import Verifier
 
 __all__ = ["Position", "ReplayResult", "Trace", "measure_costs", "record", "replay"]
@@ -73,7 +72,7 @@ def record(
     feats = verifier.features(P + N - 1, device=drafter.device, dtype=drafter.dtype)  # [P+N-1, K*H]
     drafter.reset()
     drafter.extend(feats[:P], prompt)
-    lookup = PromptLookupDrafter(block_size=block_size, min_ngram=2, max_ngram=3)
+    lookup = LookupFirstDrafter(drafter, block_size=block_size).lookup  # its lookup half, same n-grams
     lookup.extend(feats[:0], prompt)  # lookup ignores the features
     trace = Trace(prompt_id, output)
     for i in range(N - 1):
@@ -161,7 +160,7 @@ def replay(
             if lookup and pos.lookup:
                 draft, ran = pos.lookup[:k], False
             else:
-                draft, ran = _cut(pos, min_confidence)[: min(k, len(pos.dflash))], True
+                draft, ran = _cut(pos, min_confidence)[:k], True
             a = n_accepted(draft, out[i + 1 :])
             steps, accepted_plus_one = steps + 1, accepted_plus_one + a + 1
             if costs:
@@ -179,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from specdec.api import load_drafter, load_verifier
     from specdec.engine import generate
     from specdec.evals.datasets import load_dataset, second_turn_messages
-    from specdec.evals.run import encode_messages
+    from specdec.evals.run import _answer_text, encode_messages
+    from specdec.records import atomic_write_json, check_output_path
 
     p = argparse.ArgumentParser(prog="python -m specdec.evals.replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier", default="hf", choices=("hf", "mlx", "stub"))
@@ -194,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--grid", type=float, nargs="+", default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9])
     p.add_argument("--out", help="write traces' figures and the cost table here (JSON)")
     args = p.parse_args(argv)
+    if args.out:
+        check_output_path(args.out)  # fail before the work, not after it
 
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype)
     drafter = load_drafter(args.drafter, verifier=verifier, dtype=args.dtype)
@@ -216,10 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"recorded {res.id}: {len(ids)} prompt + {len(res.output_tokens)} output tokens", flush=True
             )
             if turn < args.turns and len(rec.turns) > 1:
-                answer = verifier.tokenizer.decode(
-                    [t for t in res.output_tokens if t not in verifier.eos_token_ids]
-                )
-                messages = second_turn_messages(rec, answer)
+                messages = second_turn_messages(rec, _answer_text(verifier, res))
     ctx = int(statistics.mean(len(t.output) for t in traces)) + 150
     costs, draft_s = measure_costs(verifier, drafter, context=ctx)
     print(
@@ -237,10 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}"
         print(f"{name:28s} {r.tau:6.2f} {r.est_speedup:11.2f}x")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                {"costs_s": costs, "draft_s": draft_s, "results": [asdict(r) for r in rows]}, f, indent=1
-            )
+        atomic_write_json(
+            args.out, {"costs_s": costs, "draft_s": draft_s, "results": [asdict(r) for r in rows]}
+        )
     return 0
 
 

@@ -88,3 +88,17 @@ def test_replay_equals_the_engine_on_smollm2():
     trace = check(verifier, model, prompt, 48, [0.0, 0.4, 0.8])
     assert max(len(p.lookup) for p in trace.positions) > 0
     assert max(p.confidence[0] for p in trace.positions) > 0.5  # a trained drafter: confident somewhere
+
+
+def test_failures_are_clear_and_early(tmp_path, capsys):
+    from specdec.evals.replay import main
+
+    verifier = StubVerifier()
+    with pytest.raises(RuntimeError, match="not bound"):
+        record(verifier, DFlashDrafter(make_model(stub_cfg())), [1, 2, 3], [4, 5])
+    with pytest.raises(ValueError, match="does not exist"):  # before any model is loaded
+        main(["--verifier", "stub", "--out", str(tmp_path / "missing" / "r.json")])
+    with pytest.raises(SystemExit):
+        main(["--verifier", "stub", "--drafter", "prompt-lookup"])
+    assert "give a DFlash drafter" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing written

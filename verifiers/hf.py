@@ -100,7 +100,8 @@ class HFVerifier:
     ) -> None:
         """`onednn`: on a CPU in float32, run the model's linears with oneDNN (`specdec.kernels`: a verify
         of several tokens costs much less) and let grouped-query attention read the shared K/V heads
-        under a mask instead of copying them (bit-identical). Off: the model runs exactly as loaded."""
+        under a mask instead of copying them (bit-identical); a model object passed in is switched in
+        place. Off: the model runs exactly as loaded."""
         if isinstance(model_path_or_model, torch.nn.Module):
             model = model_path_or_model.to(device=device, dtype=dtype)
             path = getattr(model.config, "_name_or_path", "") or type(model).__name__
