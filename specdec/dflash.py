@@ -11,9 +11,10 @@ predicts the token AT position k, so a block of 16 proposes 15 tokens.
 Inference keeps the context K/V of every layer in preallocated buffers with a length pointer (gpt-fast
 style): `extend` projects only the new positions, `rollback` moves the pointer back, and a proposal costs
 one forward over the block against the cached K/V. The only host sync of a proposal is the final
-`.tolist()` of the proposed ids. `DFlashDraftModel.forward_train` is the training-time forward over many
-anchor blocks of a sequence with the block-sparse mask (a block sees the context strictly before its
-anchor and its own block, never other blocks), processed `attn_chunk` anchors at a time.
+`.tolist()` of the proposed ids. `DFlashDraftModel.anchor_blocks` is the training-time block forward over
+many anchor blocks of a sequence with the block-sparse mask (a block sees the context strictly before its
+anchor and its own block, never other blocks); `forward_train` runs it `attn_chunk` anchors at a time, and
+so does the training loss (`specdec.train`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.checkpoint import SLIDING, DFlashConfig, check_state_dict, load_checkpoint, save_checkpoint
+from specdec.checkpoint import SLIDING, DFlashConfig, load_checkpoint, save_checkpoint
 from specdec.kernels import use_onednn
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord, check_compatible
 
@@ -41,7 +42,6 @@ __all__ = [
     "DFlashDraftModel",
     "DFlashDrafter",
     "DFlashProposer",
-    "load_state",
 ]
 
 
@@ -221,9 +221,6 @@ class DFlashCache:
             raise ValueError(f"cannot crop the drafter cache of {self.length} positions to {length}")
         self.length = length
 
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
-
 
 class DFlashDraftModel(nn.Module):
     """DFlash drafter weights (public parameter names) and its two forwards: cached block inference and
@@ -324,6 +321,43 @@ class DFlashDraftModel(nn.Module):
 
     # ---- training ------------------------------------------------------------------------------------
 
+    def anchor_blocks(
+        self,
+        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        anchors: torch.Tensor,
+        block_embeds: torch.Tensor,
+    ) -> torch.Tensor:
+        """The block forward of training: hidden states [B, C, bs, H] after the final norm of the embedded
+        blocks block_embeds [B, C, bs, H] at anchors [B, C], against per-layer context K/V [B, nkv, T, D]
+        (`context_kv`). Block-sparse mask: the block at anchor a (positions a..a+bs-1) sees the context
+        positions < a and its own block (bidirectionally), never another block; window / causal rules of
+        the config on top."""
+        cfg = self.cfg
+        B, C, bs, _ = block_embeds.shape
+        T, dev = ctx_kv[0][0].shape[2], block_embeds.device
+        ctx_pos = torch.arange(T, device=dev)  # [T]
+        qpos = (anchors[:, :, None] + torch.arange(bs, device=dev)).reshape(B, C * bs)  # [B, C*bs]
+        block_of = torch.arange(C, device=dev).repeat_interleave(bs)  # [C*bs]
+        anc_q = anchors.repeat_interleave(bs, dim=1)  # [B, C*bs]
+        m_ctx = ctx_pos[None, None, :] < anc_q[:, :, None]  # [B, C*bs, T]
+        m_blk = (block_of[:, None] == block_of[None, :]).expand(B, -1, -1)  # [B, C*bs, C*bs]
+        base = torch.cat([m_ctx, m_blk], dim=2)  # [B, C*bs, T + C*bs]
+        kpos = torch.cat([ctx_pos.expand(B, T), qpos], dim=1)  # [B, T + C*bs]
+        masks = {}
+        for w in {layer.sliding_window for layer in self.layers}:
+            extra = _visible(qpos, kpos, w, cfg.is_causal)
+            masks[w] = base if extra is None else base & extra
+        x = block_embeds.reshape(B, C * bs, -1).to(self.dtype)  # [B, C*bs, H]
+        cos, sin = self.rope(qpos)  # [B, C*bs, D]
+        for i, layer in enumerate(self.layers):
+
+            def join(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, ...]:
+                ck, cv = ctx_kv[i]
+                return torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2)  # [B, nkv, T + C*bs, D]
+
+            x = layer(x, cos, sin, join, masks[layer.sliding_window])
+        return self.norm(x).view(B, C, bs, -1)
+
     def forward_train(
         self,
         features: torch.Tensor,
@@ -333,48 +367,19 @@ class DFlashDraftModel(nn.Module):
         attn_chunk: int | None = None,
         head: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """All anchor blocks of a batch of sequences in one call, with the block-sparse mask.
-
-        features [B, T, K*H] teacher-forced target features; block_embeds [B, A, bs, H] the embedded blocks
-        `[x_anchor, MASK...]`; anchors [B, A] positions (block a sits at a..a+bs-1 and sees context
-        positions < a plus its own block, never another block). Anchor blocks are processed `attn_chunk`
-        at a time (None: all at once) to bound the attention memory; `head` (e.g. the LM head) is applied
-        per chunk too. Returns head(hidden) or hidden [B, A, bs, H] after the final norm.
-        """
-        cfg = self.cfg
-        B, T, _ = features.shape
-        A, bs = anchors.shape[1], block_embeds.shape[2]
-        dev = features.device
+        """All anchor blocks of a batch of sequences in one call (`anchor_blocks`, `attn_chunk` anchors at a
+        time to bound the attention memory; None: all at once). features [B, T, K*H] teacher-forced target
+        features, block_embeds [B, A, bs, H] the embedded blocks `[x_anchor, MASK...]`, anchors [B, A].
+        Returns head(hidden) (`head`, e.g. the LM head, applied per chunk) or hidden [B, A, bs, H]."""
+        T, A = features.shape[1], anchors.shape[1]
         ctx = self.project(features.to(self.dtype))  # [B, T, H]
-        ctx_pos = torch.arange(T, device=dev)  # [T]
-        ctx_kv = self.context_kv(ctx, ctx_pos[None])  # per layer [B, nkv, T, D]
+        ctx_kv = self.context_kv(
+            ctx, torch.arange(T, device=features.device)[None]
+        )  # per layer [B, nkv, T, D]
         chunk = attn_chunk or A
         outs = []
         for c0 in range(0, A, chunk):
-            anc = anchors[:, c0 : c0 + chunk]  # [B, C]
-            C = anc.shape[1]
-            qpos = (anc[:, :, None] + torch.arange(bs, device=dev)).reshape(B, C * bs)  # [B, C*bs]
-            block_of = torch.arange(C, device=dev).repeat_interleave(bs)  # [C*bs]
-            # context: strictly before the block's anchor; block keys: only its own block (bidirectional)
-            anc_q = anc.repeat_interleave(bs, dim=1)  # [B, C*bs]
-            m_ctx = ctx_pos[None, None, :] < anc_q[:, :, None]  # [B, C*bs, T]
-            m_blk = (block_of[:, None] == block_of[None, :]).expand(B, -1, -1)  # [B, C*bs, C*bs]
-            base = torch.cat([m_ctx, m_blk], dim=2)  # [B, C*bs, T + C*bs]
-            kpos = torch.cat([ctx_pos.expand(B, T), qpos], dim=1)  # [B, T + C*bs]
-            masks = {}
-            for w in {layer.sliding_window for layer in self.layers}:
-                extra = _visible(qpos, kpos, w, cfg.is_causal)  # window / causal rules on top
-                masks[w] = base if extra is None else base & extra
-            x = block_embeds[:, c0 : c0 + chunk].reshape(B, C * bs, -1).to(self.dtype)  # [B, C*bs, H]
-            cos, sin = self.rope(qpos)  # [B, C*bs, D]
-            for i, layer in enumerate(self.layers):
-
-                def join(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, ...]:
-                    ck, cv = ctx_kv[i]
-                    return torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2)  # [B, nkv, T + C*bs, D]
-
-                x = layer(x, cos, sin, join, masks[layer.sliding_window])
-            x = self.norm(x).view(B, C, bs, -1)  # [B, C, bs, H]
+            x = self.anchor_blocks(ctx_kv, anchors[:, c0 : c0 + chunk], block_embeds[:, c0 : c0 + chunk])
             outs.append(head(x) if head is not None else x)
         return torch.cat(outs, dim=1)
 
@@ -656,9 +661,3 @@ class DFlashDrafter:
         from specdec.memory import probe_for_module
 
         return probe_for_module(self.model)
-
-
-def load_state(model: DFlashDraftModel, state: dict[str, torch.Tensor]) -> None:
-    """Load public-format weights into `model` after checking names and shapes (clear errors)."""
-    check_state_dict(model.cfg, state)
-    model.load_state_dict(state, strict=True)

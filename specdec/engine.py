@@ -36,14 +36,22 @@ class DecodeConfig:
     sampling: SamplingParams | None = None  # None or temperature 0: greedy
 
 
-def n_accepted(draft: Sequence[int], target: Sequence[int]) -> int:
-    """Length of the prefix of `draft` equal to the verifier's tokens at the same positions."""
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of `a` and `b`: the drafts accepted against the verifier's tokens at
+    the same positions, or the cached positions a new prompt can reuse."""
     n = 0
-    for d, t in zip(draft, target):
-        if d != t:
+    for x, y in zip(a, b):
+        if x != y:
             break
         n += 1
     return n
+
+
+def context_limit(verifier: Verifier, max_context: int | None) -> int:
+    """Positions a run may fill: `max_context` (None: the verifier's own limit), at most the verifier's."""
+    if max_context is not None and max_context < 2:
+        raise ValueError(f"max_context must be >= 2 (or None for the model's), got {max_context}")
+    return verifier.max_context if max_context is None else min(verifier.max_context, max_context)
 
 
 def check_request(
@@ -59,7 +67,7 @@ def check_request(
     bad = [t for t in prompt if not 0 <= t < verifier.vocab_size]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary 0..{verifier.vocab_size - 1}")
-    limit = min(verifier.max_context, cfg.max_context or verifier.max_context)
+    limit = context_limit(verifier, cfg.max_context)
     if len(prompt) >= limit:
         raise ValueError(
             f"prompt of {len(prompt)} tokens leaves no room in the context of {limit} positions "
@@ -98,7 +106,7 @@ def decode(
     if cfg.block_size == 1:
         drafter = None
     stops = cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids
-    limit = min(verifier.max_context, cfg.max_context or verifier.max_context)
+    limit = context_limit(verifier, cfg.max_context)
     clock = time.perf_counter
     sp = cfg.sampling if cfg.sampling is not None and not cfg.sampling.greedy else None
     sampler = Sampler(sp, limit) if sp else None
@@ -170,7 +178,7 @@ def decode(
         target = verifier.verify([token, *draft], sample=check, ahead=drafter is None)
         vmem = vprobe.read()
         t2 = clock()
-        a = n_accepted(draft, target)
+        a = common_prefix_len(draft, target)
         committed, reason = finish([*draft[:a], target[a]], n_out)
         c = len(committed)  # positions kept: token + draft[: c - 1] (c < a + 1 when cut at a stop)
         verifier.rollback(len(draft) + 1 - c)

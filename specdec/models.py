@@ -31,8 +31,11 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["MANIFEST", "MODELS", "ModelSpec", "fetch", "model_dir", "models_home", "resolve_model"]
+__all__ = [
+    "MANIFEST", "MODELS", "ModelSpec", "config_fixes", "fetch", "model_dir", "models_home", "resolve_model",
+]  # fmt: skip
 
 MANIFEST = "specdec-manifest.json"
 _FORMAT = 1  # bump when the conversion changes, so old folders are rebuilt instead of reused
@@ -321,27 +324,71 @@ def _convert(spec: ModelSpec, src: Path, out: Path, progress: bool) -> None:
 
 
 def _fix_config(out: Path) -> None:
-    """Make config.json read right in mlx_lm too (top-level rope values, Gemma's sliding pattern)."""
+    """Make config.json read right in mlx_lm too (`config_fixes`: top-level rope values, Gemma's sliding
+    pattern), without the GGUF quantizer marker."""
     path = out / "config.json"
     cfg = json.loads(path.read_text())
     cfg.pop("quantization_config", None)
-    rope = cfg.get("rope_parameters") or {}
-    if "rope_theta" in rope:  # one rope for all layers (Llama)
-        cfg.setdefault("rope_theta", rope["rope_theta"])
-    elif "full_attention" in rope:  # per layer type (Gemma 3): mlx_lm reads rope_theta + rope_local_base_freq
-        cfg.setdefault("rope_theta", rope["full_attention"]["rope_theta"])
-        if "sliding_attention" in rope:
-            cfg.setdefault("rope_local_base_freq", rope["sliding_attention"]["rope_theta"])
-    if cfg.get("model_type") == "gemma3_text":
-        types = cfg.get("layer_types") or []
-        pattern = types.index("full_attention") + 1 if "full_attention" in types else 0
-        expected = [
-            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(len(types))
-        ]
-        if not pattern or types != expected:
-            raise RuntimeError(f"Gemma 3 layer_types {types} do not follow the fixed pattern mlx_lm assumes")
-        cfg["sliding_window_pattern"] = pattern
+    cfg.update(config_fixes(cfg))
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def config_fixes(config: dict[str, Any]) -> dict[str, Any]:
+    """Config fields mlx_lm needs at the top level that transformers 5 stores elsewhere (pass as
+    `model_config`). Without them mlx_lm silently uses its defaults (rope_theta 10000, window pattern 6,
+    Gemma 4's global head_dim 512) or fails to build (Qwen3-MoE's `num_experts`). A Gemma 4 multimodal
+    config gets its fixes inside `text_config`."""
+    text = config.get("text_config")
+    if config.get("model_type") == "gemma4" and isinstance(text, dict):
+        inner = config_fixes(text)
+        return {"text_config": {**text, **inner}} if inner else {}
+    fixes: dict[str, Any] = {}
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" not in config:
+        per_type = {k: v for k, v in rope.items() if isinstance(v, dict)}
+        full = per_type.get("full_attention", rope) if per_type else rope
+        if "rope_theta" in full:
+            fixes["rope_theta"] = full["rope_theta"]
+        if not per_type and "partial_rotary_factor" in full and "partial_rotary_factor" not in config:
+            fixes["partial_rotary_factor"] = full["partial_rotary_factor"]  # e.g. qwen3_next
+        if full.get("rope_type", "default") != "default" and config.get("rope_scaling") is None:
+            fixes["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
+        sliding = per_type.get("sliding_attention")
+        if sliding and "rope_theta" in sliding and "rope_local_base_freq" not in config:
+            fixes["rope_local_base_freq"] = sliding["rope_theta"]
+    types = config.get("layer_types")
+    # mlx_lm derives these layer patterns from a period that transformers 5 no longer writes
+    period_keys = {"gemma3_text": ("sliding_window_pattern", "sliding_attention"),
+                   "qwen3_next": ("full_attention_interval", "linear_attention")}  # fmt: skip
+    mtype = config.get("model_type")
+    if mtype in period_keys and types and period_keys[mtype][0] not in config:
+        key, other = period_keys[mtype]
+        if "full_attention" not in types:
+            raise ValueError(f"{mtype} config has no full_attention layer in layer_types; mlx_lm needs one")
+        p = types.index("full_attention") + 1
+        expect = ["full_attention" if (i + 1) % p == 0 else other for i in range(len(types))]
+        if list(types) != expect:
+            raise ValueError(
+                f"{mtype} layer_types {types} are not periodic; mlx_lm's {mtype} only supports a fixed {key}"
+            )
+        fixes[key] = p
+    if "num_local_experts" in config and "num_experts" not in config:  # transformers 5 renames it
+        fixes["num_experts"] = config["num_local_experts"]
+    per_layer = config.get("per_layer_config")
+    if config.get("model_type") == "gemma4_text" and isinstance(per_layer, dict) and types:
+        # transformers 5 folds global_head_dim / num_global_key_value_heads into per-layer overrides of
+        # the full-attention layers; mlx_lm reads the top-level names
+        full = [per_layer.get(str(i)) or {} for i, t in enumerate(types) if t == "full_attention"]
+        for key, name in (
+            ("head_dim", "global_head_dim"),
+            ("num_key_value_heads", "num_global_key_value_heads"),
+        ):
+            values = {o[key] for o in full if key in o}
+            if len(values) > 1:
+                raise ValueError(f"gemma4 full-attention layers disagree on {key}: {sorted(values)}")
+            if values and name not in config:
+                fixes[name] = values.pop()
+    return fixes
 
 
 def _fix_modes(out: Path) -> None:
@@ -390,6 +437,8 @@ def fetch(
     holds the wheels, so nothing is downloaded; `verify` re-hashes an existing folder against its manifest.
     """
     spec = _spec(name)
+    if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+        raise ValueError(f"cache_dir {str(cache_dir)!r} is a file, not a folder")
     final = model_dir(name, cache_dir=cache_dir)
     if _complete(final, spec, verify=verify):
         return final

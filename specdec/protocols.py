@@ -33,6 +33,20 @@ LMHeadFn = Callable[[torch.Tensor], torch.Tensor]
 SampleFn = Callable[[torch.Tensor], list[int]]
 
 
+class RollbackError(RuntimeError):
+    """`Verifier.rollback(n)` cannot remove those n positions exactly (e.g. a full sliding window no longer
+    holds what it would have to restore). The cache is then in an unknown state: callers that can recover
+    (prefix reuse, a stop-string cut) `reset()` and prefill again."""
+
+
+def check_layer_ids(layer_ids: Sequence[int], num_layers: int, model_name: str) -> tuple[int, ...]:
+    """`layer_ids` as a tuple, or ValueError naming the ones outside 0..num_layers-1."""
+    bad = [i for i in layer_ids if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"target layers {bad} out of range: {model_name} has 0..{num_layers - 1}")
+    return tuple(layer_ids)
+
+
 class MemoryProbe(Protocol):
     """Resets and reads a peak-memory counter around one call."""
 
@@ -91,7 +105,8 @@ class Verifier(Protocol):
         ...
 
     def rollback(self, n: int) -> None:
-        """Drop the last `n` cached positions exactly (n may be 0)."""
+        """Drop the last `n` cached positions exactly (n may be 0). ValueError when n is out of range;
+        `RollbackError` when it cannot be done exactly (every verifier uses that exception for it)."""
         ...
 
     def features(self, n: int, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -17,6 +17,7 @@ import os
 import platform
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -135,41 +136,96 @@ def environment(device: str | None = None) -> dict[str, Any]:
     }
 
 
+def _check_target(p: Path) -> None:
+    """Refuse to replace anything at `p` that is not a plain file of ours to overwrite."""
+    if p.is_symlink() or (p.exists() and not p.is_file()):
+        kind = "a symbolic link" if p.is_symlink() else "a directory" if p.is_dir() else "not a regular file"
+        raise ValueError(f"output path {str(p)!r} is {kind}; give the name of a new or regular file")
+
+
 def check_output_path(path: str | os.PathLike[str]) -> Path:
-    """Fail before any work if the result could not be written there."""
+    """Fail before any work if the result (and its `.steps.jsonl`) could not be written at `path`: its
+    folder must exist or be creatable (the writer makes it) in a writable place; whatever is there already
+    must be a regular file (not a folder, link, device or FIFO, which an atomic rename would replace)."""
     p = Path(path)
-    if not p.parent.is_dir():
-        raise ValueError(f"output directory {str(p.parent)!r} does not exist; create it first")
-    if p.is_dir():
+    if p.is_dir() and not p.is_symlink():
         raise ValueError(f"output path {str(p)!r} is a directory; give a file name such as result.json")
+    for target in (p, steps_path(p)):
+        _check_target(target)
+    _check_writable_dir(p.parent)
     return p
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write JSON to a temp file beside `path`, fsync, then rename over it: all or nothing."""
+def _check_writable_dir(d: Path) -> None:
+    """`d` is, or can be made as, a writable directory."""
+    existing = next(q for q in [d, *d.absolute().parents] if q.exists())
+    if not existing.is_dir():
+        raise ValueError(f"cannot write into {str(d)!r}: {str(existing)!r} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write into {str(d)!r}: {str(existing)!r} is not writable")
+
+
+def check_output_dir(
+    path: str | os.PathLike[str], names: Sequence[str] = ("result.json", "steps.jsonl")
+) -> Path:
+    """Fail before any work if an output folder could not hold `names`: `path` must be a folder or not
+    exist yet (it is made later, when there is something to write) in a writable place."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {str(p)!r} exists and is not a directory; give a directory")
+    for name in names:
+        _check_target(p / name)
+    _check_writable_dir(p)
+    return p
+
+
+def steps_path(out: str | os.PathLike[str]) -> Path:
+    """Where the steps of a result at `out` go: `<out without .json>.steps.jsonl`."""
+    return Path(out).with_suffix(".steps.jsonl")
+
+
+def format_bytes(rec: dict | None) -> str:
+    """A memory record as "123 MiB (kind)", or "n/a" when unmeasured."""
+    if not rec or rec.get("bytes") is None:
+        return "n/a"
+    return f"{rec['bytes'] / 2**20:.0f} MiB ({rec['kind']})"
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to a temp file beside `path`, fsync, then rename over it: all or nothing. The file gets
+    the usual permissions (umask), not mkstemp's 0600."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the result normal permissions
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """`obj` as indented JSON, written with `atomic_write_bytes`."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
 class JsonlWriter:
-    """Appends one JSON object per line and flushes each, so a crash keeps every finished step."""
+    """Appends one JSON object per line and flushes each, so a crash keeps every finished step. Lines go to
+    `<path>.tmp` and only `commit()` renames it to `path`, so a run that fails or is interrupted never
+    replaces (or truncates) the steps of an earlier run; its partial steps stay in the `.tmp` file."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._f: TextIO = open(self.path, "w")  # noqa: SIM115 - closed in close()
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        _check_target(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: TextIO = open(self.tmp, "w")  # noqa: SIM115 - closed in close()
 
     def write(self, obj: dict[str, Any]) -> None:
         self._f.write(json.dumps(obj) + "\n")
@@ -177,6 +233,11 @@ class JsonlWriter:
 
     def close(self) -> None:
         self._f.close()
+
+    def commit(self) -> None:
+        """Close and move the steps into place (call right before writing the result they belong to)."""
+        self.close()
+        os.replace(self.tmp, self.path)
 
     def __enter__(self) -> JsonlWriter:
         return self

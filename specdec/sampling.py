@@ -20,6 +20,7 @@ never looked at by anything that was committed, so they stay fresh for the next 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +40,10 @@ class SamplingParams:
     proposal: str = "argmax"  # how the drafter turns its logits into a draft at T > 0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in 0..2**63-1, got {self.seed}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -30,13 +30,23 @@ import asyncio
 import contextlib
 import json
 import queue
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.args import (
+    add_drafter_args,
+    add_sampling_args,
+    add_verifier_args,
+    at_least,
+    load_models,
+    sampling_of,
+)
+from specdec.chat import check_messages, check_text
 from specdec.memory import max_record
 from specdec.sampling import SamplingParams
 from specdec.stream import Engine, StreamResult
@@ -96,6 +106,13 @@ def _content(m: dict, i: int) -> str:
     )
 
 
+def _checked(text: str, where: str, param: str) -> str:
+    try:
+        return check_text(text, where)
+    except ValueError as e:
+        raise RequestError(str(e), param=param) from None
+
+
 def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams) -> Params:
     """Validate an OpenAI request body; RequestError (4xx) with the offending field otherwise."""
     if not isinstance(body, dict):
@@ -117,6 +134,10 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise RequestError(f"messages[{i}] must be an object with a string 'role'", param="messages")
             prompt.append({"role": m["role"], "content": _content(m, i)})
+        try:
+            prompt = check_messages(prompt)
+        except ValueError as e:
+            raise RequestError(str(e), param="messages") from None
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -129,6 +150,8 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
                 "'prompt' must be a non-empty string or list of token ids (one prompt per request)",
                 param="prompt",
             )
+        if isinstance(prompt, str):
+            _checked(prompt, "'prompt'", "prompt")
     n = _number(body, "n", 1, lo=1, hi=1, integer=True)
     assert n == 1
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -143,6 +166,8 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
         raise RequestError(
             f"'stop' must be a string or a list of strings, got {json.dumps(stop)}", param="stop"
         )
+    for s in stop:
+        _checked(s, "'stop'", "stop")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(f"'stream' must be true or false, got {json.dumps(stream)}", param="stream")
@@ -270,66 +295,104 @@ class Job:
 
 
 class Worker:
-    """One thread runs the engine; a bounded queue holds the requests waiting for it."""
+    """One thread runs the engine; at most `max_queue` requests wait for it (0: none wait, only the one
+    running). Every exception of a request becomes that request's error; should the thread itself ever end
+    for another reason, `error` says why, /health answers 503 and `on_death` runs (the CLI server exits 1)."""
 
-    def __init__(self, engine: Engine, *, max_queue: int = 16, default_max_tokens: int = 512) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_queue: int = 16,
+        default_max_tokens: int = 512,
+        on_death: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        if default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
         self.engine, self.default_max_tokens = engine, default_max_tokens
-        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.jobs: queue.Queue[Job | None] = queue.Queue()  # bounded by `submit`
         self.max_queue = max_queue
         self.metrics = Metrics()
         self.busy = False
         self.current: Job | None = None
+        self.error: BaseException | None = None
+        self._on_death = on_death
+        self._lock = threading.Lock()
+        self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
     def submit(self, job: Job) -> bool:
-        try:
+        """Queue `job`; False when the queue is full (or the worker is gone)."""
+        with self._lock:
+            waiting = self.jobs.qsize()
+            if self._stopping or not self.alive or (waiting >= self.max_queue and (self.busy or waiting)):
+                return False
             self.jobs.put_nowait(job)
-        except queue.Full:
-            return False
         return True
 
     def stop(self) -> None:
-        """Cancel what runs and waits, then end the thread."""
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel.set()
-                job.emit("cancelled")
-        if self.current is not None:
-            self.current.cancel.set()
-        self.jobs.put(None)
+        """Cancel what runs and waits, then end the thread (never blocks for long)."""
+        with self._lock:
+            self._stopping = True
+            while True:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job.cancel.set()
+                    job.emit("cancelled")
+            if self.current is not None:
+                self.current.cancel.set()
+            self.jobs.put_nowait(None)
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            if job.cancel.is_set():  # the client left while queued
-                self.metrics.add("requests_cancelled")
-                job.emit("cancelled")
-                continue
-            self.busy, self.current = True, job
-            try:
-                self._serve(job)
-            finally:
-                self.busy, self.current = False, None
+        try:
+            while (job := self.jobs.get()) is not None:
+                if job.cancel.is_set():  # the client left while queued
+                    self.metrics.add("requests_cancelled")
+                    job.emit("cancelled")
+                    continue
+                self.busy, self.current = True, job
+                try:
+                    self._serve(job)
+                except Exception as e:  # a bug of ours: that request's 500, the next one is served
+                    self.metrics.add("requests_failed")
+                    job.emit(
+                        "error",
+                        _error_body(f"internal error: {type(e).__name__}: {e}", 500) | {"status": 500},
+                    )
+                finally:
+                    self.busy, self.current = False, None
+        except BaseException as e:
+            self.error = e
+            if self._on_death is not None:
+                self._on_death(e)
+            raise
 
     def _serve(self, job: Job) -> None:
         p, eng = job.params, self.engine
         try:
             ids = eng.encode(p.prompt)
-            if len(ids) >= eng.max_context:
+            limit = eng.max_context
+            if len(ids) >= limit:
                 raise RequestError(
-                    f"this model's maximum context length is {eng.max_context} tokens; the prompt has "
+                    f"this model's maximum context length is {limit} tokens; the prompt has "
                     f"{len(ids)} tokens: shorten it",
                     param="messages" if p.chat else "prompt",
                 )
-            room = eng.max_context - len(ids)
+            room = limit - len(ids)
             if p.max_tokens is not None and p.max_tokens > room:
                 raise RequestError(
-                    f"this model's maximum context length is {eng.max_context} tokens; you requested "
+                    f"this model's maximum context length is {limit} tokens; you requested "
                     f"{len(ids) + p.max_tokens} tokens ({len(ids)} in the prompt, {p.max_tokens} for the "
                     "completion): lower max_tokens or shorten the prompt",
                     param="max_tokens",
@@ -338,7 +401,7 @@ class Worker:
             stream = eng.stream(
                 ids, max_tokens=max_tokens, sampling=p.sampling, stop=p.stop, cancel=job.cancel
             )
-        except ValueError as e:
+        except ValueError as e:  # what the client sent (bad ids, a template that rejects the messages, ...)
             self.metrics.add("requests_invalid")
             status = e.status if isinstance(e, RequestError) else 400
             job.emit("error", _error_body(str(e), status, getattr(e, "param", None)) | {"status": status})
@@ -392,8 +455,9 @@ def build_app(
     max_queue: int = 16,
     default_max_tokens: int = 512,
     sampling: SamplingParams | None = None,
+    on_death: Callable[[BaseException], None] | None = None,
 ) -> Any:
-    """The Starlette app; `app.state.worker` is the Worker (its thread starts here)."""
+    """The Starlette app; `app.state.worker` is the Worker (its thread starts here; `on_death` as there)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -401,7 +465,7 @@ def build_app(
 
     model = model_name or engine.verifier.model_name
     defaults = sampling or SamplingParams()
-    worker = Worker(engine, max_queue=max_queue, default_max_tokens=default_max_tokens)
+    worker = Worker(engine, max_queue=max_queue, default_max_tokens=default_max_tokens, on_death=on_death)
 
     def error(message: str, status: int, param: str | None = None, code: str | None = None) -> JSONResponse:
         headers = {"Retry-After": "1"} if status == 503 else None
@@ -427,6 +491,8 @@ def build_app(
             worker.metrics.add("requests_invalid")
             return error(str(e), e.status, e.param, e.code)
         job = Job(params=params, loop=asyncio.get_running_loop())
+        if not worker.alive:
+            return error("the engine worker died (see /health); restart the server", 503)
         if not worker.submit(job):
             worker.metrics.add("requests_rejected_busy")
             return error(
@@ -551,9 +617,11 @@ def build_app(
         )
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse(
-            {"status": "ok", "model": model, "queue_depth": worker.jobs.qsize(), "busy": worker.busy}
-        )
+        body = {"status": "ok", "model": model, "queue_depth": worker.jobs.qsize(), "busy": worker.busy}
+        if not worker.alive:  # never "ok" with no one to serve the requests
+            why = f"{type(worker.error).__name__}: {worker.error}" if worker.error else "stopped"
+            return JSONResponse({**body, "status": "error", "error": f"engine worker died ({why})"}, 503)
+        return JSONResponse(body)
 
     async def metrics(request: Request) -> Any:
         snap = worker.metrics.snapshot(worker.jobs.qsize(), worker.busy)
@@ -596,53 +664,48 @@ def build_app(
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    from specdec.cli import add_sampling_args
-
-    p.add_argument("--verifier", choices=["stub", "hf", "mlx"], default="stub")
-    p.add_argument("--model", help="short name (smollm2-135m, gemma3-270m), local HF folder or mlx repo id")
-    p.add_argument(
-        "--drafter", default="prompt-lookup", help="'none', 'prompt-lookup', or a DFlash checkpoint folder"
-    )
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu", help="device of the drafter (and of an hf verifier)")
+    add_verifier_args(p)
+    add_drafter_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=at_least(0, 65535), default=8000)
     p.add_argument("--served-model-name", help="the model id clients send (default: the verifier's name)")
-    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait; past that: 503")
-    p.add_argument("--max-context", type=int, help="positions per request (default: the model's)")
-    p.add_argument("--default-max-tokens", type=int, default=512, help="when a request gives no max_tokens")
+    p.add_argument(
+        "--max-queue", type=at_least(0), default=16, help="requests that may wait (0: none); past that: 503"
+    )
+    p.add_argument("--max-context", type=at_least(2), help="positions per request (default: the model's)")
+    p.add_argument(
+        "--default-max-tokens", type=at_least(1), default=512, help="when a request gives no max_tokens"
+    )
     p.add_argument("--no-reuse", action="store_true", help="prefill every prompt whole (no prefix reuse)")
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """Load, serve until SIGINT / SIGTERM; exit code 1 if the worker thread ever died."""
     import uvicorn
 
-    from specdec.api import load_drafter, load_verifier
-    from specdec.cli import sampling_of
-
-    if args.max_queue < 0:
-        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
-    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
-    drafter = load_drafter(
-        args.drafter, verifier=verifier, block_size=args.block_size, device=args.device, dtype=args.dtype
-    )
+    sampling = sampling_of(args)
+    verifier, drafter, block = load_models(args)
     engine = Engine(
-        verifier,
-        drafter,
-        block_size=args.block_size if drafter is not None else 1,
-        max_context=args.max_context,
-        reuse=not args.no_reuse,
+        verifier, drafter, block_size=block, max_context=args.max_context, reuse=not args.no_reuse
     )
+    server: Any = None
+    died: list[BaseException] = []
+
+    def on_death(e: BaseException) -> None:
+        died.append(e)
+        if server is not None:
+            server.should_exit = True
+
     app = build_app(
-        engine,
-        model_name=args.served_model_name,
-        max_queue=args.max_queue,
-        default_max_tokens=args.default_max_tokens,
-        sampling=sampling_of(args),
-    )
+        engine, model_name=args.served_model_name, max_queue=args.max_queue,
+        default_max_tokens=args.default_max_tokens, sampling=sampling, on_death=on_death,
+    )  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     name = args.served_model_name or verifier.model_name
     print(f"specdec serve: {name} on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    server.run()
+    if died:
+        print(f"error: the engine worker died: {type(died[0]).__name__}: {died[0]}", file=sys.stderr)
+        return 1
     return 0

@@ -28,8 +28,8 @@ Contract:
 - Memory: the context is capped at `max_context` (default: the verifier's). A prompt that does not fit
   raises ValueError naming the sizes (a `ChatSession` says to start a new session or drop turns);
   generation that reaches the cap ends with finish_reason "context".
-- Chat messages go through the tokenizer's chat template. A tokenizer without one (the stub's bytes) gets
-  the fallback `FALLBACK_CHAT_FORMAT`: "<role>: <content>\\n" per message, then "assistant:".
+- Prompts are encoded by `specdec.chat.encode_prompt` (chat messages through the tokenizer's chat
+  template; the stub's bytes get `specdec.chat.FALLBACK_CHAT_FORMAT`).
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdec.engine import DecodeConfig, check_request, decode
-from specdec.protocols import Drafter, Verifier
+from specdec.chat import encode_prompt
+from specdec.engine import DecodeConfig, check_request, common_prefix_len, context_limit, decode
+from specdec.protocols import Drafter, RollbackError, Verifier
 from specdec.records import PromptResult, StepRecord, summarize
 from specdec.sampling import SamplingParams
 
 __all__ = [
-    "FALLBACK_CHAT_FORMAT",
     "ChatSession",
     "Detokenizer",
     "Engine",
@@ -55,11 +55,9 @@ __all__ = [
     "Stream",
     "StreamEvent",
     "StreamResult",
-    "render_chat",
     "text_decoder",
 ]
 
-FALLBACK_CHAT_FORMAT = "<role>: <content>\\n per message, then 'assistant:'"
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
 
@@ -145,26 +143,6 @@ class Detokenizer:
         return self.n_tokens
 
 
-def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Chat messages -> prompt ids through the chat template, or the documented fallback format."""
-    if not messages:
-        raise ValueError("empty messages: give at least one {'role': ..., 'content': ...}")
-    for m in messages:
-        if (
-            not isinstance(m, Mapping)
-            or not isinstance(m.get("role"), str)
-            or not isinstance(m.get("content"), str)
-        ):
-            raise ValueError(f"each message needs a string 'role' and 'content', got {m!r}")
-    if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
-        ids = tokenizer.apply_chat_template(
-            [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
-        )
-        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-    return tokenizer.encode(text)
-
-
 # ---- events and results ----------------------------------------------------------------------------------
 
 
@@ -212,15 +190,6 @@ class StreamEvent:
 # ---- the engine ------------------------------------------------------------------------------------------
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class Engine:
     """A verifier (+ drafter) that streams text and keeps its caches between runs for prefix reuse."""
 
@@ -236,9 +205,7 @@ class Engine:
         self.verifier, self.reuse = verifier, reuse
         self.block_size = block_size if block_size is not None else (drafter.block_size if drafter else 1)
         self.drafter = drafter if self.block_size > 1 else None  # block_size 1: the AR baseline
-        self.max_context = min(verifier.max_context, max_context or verifier.max_context)
-        if self.max_context < 2:
-            raise ValueError(f"max_context must be >= 2, got {max_context}")
+        self.max_context = context_limit(verifier, max_context)
         tok = verifier.tokenizer
         self._decode = text_decoder(tok) if tok is not None else None
         self._lock = threading.Lock()
@@ -256,17 +223,8 @@ class Engine:
             self._vtokens = self._dtokens = None
 
     def encode(self, prompt: Prompt) -> list[int]:
-        """Text, chat messages ([{"role", "content"}]) or token ids -> prompt ids."""
-        if not isinstance(prompt, str) and len(prompt) == 0:
-            raise ValueError("empty prompt: give text, chat messages or token ids")
-        if isinstance(prompt, str) or isinstance(prompt[0], Mapping):
-            tok = self.verifier.tokenizer
-            if tok is None:
-                raise ValueError(f"verifier {self.verifier.model_name!r} has no tokenizer: pass token ids")
-            if isinstance(prompt, str):
-                return tok.encode(prompt)
-            return render_chat(tok, prompt)  # type: ignore[arg-type]
-        return [int(t) for t in prompt]  # type: ignore[union-attr]
+        """Text, chat messages ([{"role", "content"}]) or token ids -> prompt ids (`specdec.chat`)."""
+        return encode_prompt(self.verifier, prompt)
 
     def stream(
         self,
@@ -370,11 +328,16 @@ class Engine:
     # ---- the step loop: specdec.engine.decode, started from the kept cache ------------------------------
 
     def _rollback(self, n: int) -> None:
-        """Drop the last n positions of both caches (which hold the same positions between runs)."""
+        """Drop the last n positions of both caches (which hold the same positions between runs). Where the
+        verifier cannot do that exactly both caches are forgotten: the next run prefills from scratch."""
         if n == 0:
             return
         assert self._vtokens is not None
-        self.verifier.rollback(n)
+        try:
+            self.verifier.rollback(n)
+        except RollbackError:
+            self._vtokens = self._dtokens = None
+            return
         del self._vtokens[len(self._vtokens) - n :]
         if self.drafter is not None:
             assert self._dtokens is not None and len(self._dtokens) == len(self._vtokens) + n
@@ -387,14 +350,14 @@ class Engine:
         v, d = self.verifier, self.drafter
         keep = 0
         if self.reuse and self._vtokens is not None and v.position == len(self._vtokens):
-            keep = min(_lcp(self._vtokens, prompt), len(prompt) - 1)
+            keep = min(common_prefix_len(self._vtokens, prompt), len(prompt) - 1)
             if d is not None:
                 ok = self._dtokens is not None and d.context_len == len(self._dtokens)
-                keep = min(keep, _lcp(self._dtokens, prompt) if ok else 0)
+                keep = min(keep, common_prefix_len(self._dtokens, prompt) if ok else 0)
         if keep > 0:
             try:
                 v.rollback(len(self._vtokens) - keep)
-            except RuntimeError:  # e.g. a full sliding window cannot reach that far back: prefill it all
+            except RollbackError:  # e.g. a full sliding window cannot reach that far back: prefill it all
                 keep = 0
         if keep == 0:
             v.reset()

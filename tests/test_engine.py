@@ -6,7 +6,7 @@ import pytest
 import torch
 from drafters import RandomDrafter, ScriptedDrafter, greedy_reference
 
-from specdec.engine import DecodeConfig, generate, n_accepted
+from specdec.engine import DecodeConfig, common_prefix_len, generate
 from specdec.verifiers.stub import StubConfig, StubVerifier
 
 LAYERS = (0, 2, 3)
@@ -138,11 +138,11 @@ def test_rollback_then_repeat_identical(verifier):
         verifier.rollback(verifier.position + 1)
 
 
-def test_n_accepted():
-    assert n_accepted([], [5]) == 0
-    assert n_accepted([1, 2, 3], [1, 2, 3, 4]) == 3
-    assert n_accepted([1, 2, 3], [1, 9, 3, 4]) == 1
-    assert n_accepted([7], [1, 2]) == 0
+def test_common_prefix_len():
+    assert common_prefix_len([], [5]) == 0
+    assert common_prefix_len([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert common_prefix_len([1, 2, 3], [1, 9, 3, 4]) == 1
+    assert common_prefix_len([7], [1, 2]) == 0
 
 
 def test_records_timings_and_memory(verifier, refs):

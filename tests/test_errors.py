@@ -63,10 +63,13 @@ def test_vocab_mismatch(v):
         generate(v, [1, 2], drafter=d, cfg=DecodeConfig(block_size=8))
 
 
-def test_missing_output_dir_writes_nothing(tmp_path, v):
-    with pytest.raises(ValueError, match="does not exist"):
-        run(v, [[1, 2]], out=tmp_path / "nope" / "r.json", progress=False)
-    assert v.position == 3 and list(tmp_path.iterdir()) == []
+def test_unwritable_output_dir_writes_nothing(tmp_path, v):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is not a directory"):
+        run(v, [[1, 2]], out=tmp_path / "file" / "r.json", progress=False)
+    assert v.position == 3 and [p.name for p in tmp_path.iterdir()] == ["file"]
+    run(v, [[1, 2]], out=tmp_path / "new" / "r.json", progress=False)  # a missing folder is made
+    assert (tmp_path / "new" / "r.json").is_file()
 
 
 def test_unknown_runtime_and_drafter():
@@ -77,10 +80,11 @@ def test_unknown_runtime_and_drafter():
 
 
 def test_cli_errors_are_clear(tmp_path, capsys):
-    assert main(["generate", "--prompt", "hi", "--out", str(tmp_path / "no" / "r.json")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "f").write_text("")
+    assert main(["generate", "--prompt", "hi", "--out", str(tmp_path / "f" / "r.json")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
     assert main(["generate", "--prompt", "hi", "--max-new-tokens", "0"]) == 2
-    assert "max_new_tokens must be >= 1" in capsys.readouterr().err
+    assert "argument --max-new-tokens: must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_cli_generate(tmp_path, capsys):

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from specdec.api import load_drafter, load_verifier
+from specdec.chat import encode_prompt
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.datasets import (
     DATASETS,
     HUMANEVAL_INSTRUCTION,
     PromptRecord,
-    as_text,
     fetch_dataset,
     load_dataset,
     load_humaneval,
@@ -27,7 +27,7 @@ from specdec.evals.datasets import (
 )
 from specdec.evals.report import format_summary_table
 from specdec.evals.report import main as report_main
-from specdec.evals.run import add_eval_args, cmd_eval, encode_messages, run_eval
+from specdec.evals.run import add_eval_args, cmd_eval, run_eval
 from specdec.records import validate
 
 
@@ -87,7 +87,6 @@ def test_mtbench_loader(kw: dict) -> None:
     assert r.messages == [{"role": "user", "content": r.turns[0]}]
     two = second_turn_messages(r, "ANSWER")
     assert [m["role"] for m in two] == ["user", "assistant", "user"] and two[1]["content"] == "ANSWER"
-    assert as_text(two) == f"{r.turns[0]}\n\nANSWER\n\n{r.turns[1]}"
     assert len(load_mtbench(limit=5, **kw)) == 5
 
 
@@ -136,7 +135,7 @@ def test_eval_stub(tmp_path: Path) -> None:
     assert saved["summary"]["speedup"] is not None and saved["summary"]["match_rate"] == 1.0
     ev = saved["eval"]
     assert ev["overall"]["n_prompts"] == 2 and ev["overall"]["match_rate"] == 1.0
-    assert ev["prompt_format"] == ["text"] and ev["warmup"] is not None
+    assert ev["prompt_format"] == ["fallback"] and ev["warmup"] is not None
     assert all(p["match"] for p in saved["prompts"])
     assert [p["order"] for p in saved["prompts"]] == ["baseline_first", "spec_first"]
     assert len(saved["baseline"]) == 2 and saved["config"]["block_size"] == 8
@@ -165,8 +164,8 @@ def test_eval_two_turns(tmp_path: Path) -> None:
     ids = [p["id"] for p in result["prompts"]]
     assert ids == ["toy:t0", "toy:t0:turn2"]
     base_answer = v.tokenizer.decode(result["baseline"][0]["output_tokens"])
-    ids2, fmt = encode_messages(v, second_turn_messages(_records()[0], base_answer))
-    assert fmt == "text" and result["prompts"][1]["prompt_tokens"] == len(ids2)
+    ids2 = encode_prompt(v, second_turn_messages(_records()[0], base_answer))
+    assert result["prompts"][1]["prompt_tokens"] == len(ids2)
 
 
 def test_eval_errors(tmp_path: Path) -> None:
@@ -177,7 +176,7 @@ def test_eval_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no prompts"):
         run_eval(v, [], drafter=d, cfg=DecodeConfig(block_size=4), progress=False)
     (tmp_path / "f").write_text("")
-    with pytest.raises(ValueError, match="is a file"):
+    with pytest.raises(ValueError, match="is not a directory"):
         run_eval(
             v, _records(), drafter=d, cfg=DecodeConfig(block_size=4), out_dir=tmp_path / "f", progress=False
         )

@@ -17,7 +17,7 @@ from drafters import RandomDrafter, ScriptedDrafter  # noqa: E402
 from tinymodels import tiny_gemma3, tiny_llama  # noqa: E402
 
 from specdec.engine import DecodeConfig, generate  # noqa: E402
-from specdec.protocols import Verifier  # noqa: E402
+from specdec.protocols import RollbackError, Verifier  # noqa: E402
 from specdec.verifiers.hf import HFVerifier  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -219,7 +219,7 @@ def test_rollback_limits(verifiers):
     # them back to the window): refuse to go deeper, never corrupt
     g.rollback(0)
     g.verify(prompt_of(4, seed=4))
-    with pytest.raises(ValueError, match="sliding-window"):
+    with pytest.raises(RollbackError, match="sliding-window"):  # the contract: callers re-prefill
         g.rollback(5)
     g.rollback(4)
     assert g.position == 44

@@ -155,16 +155,26 @@ def test_atomic_write_keeps_old_result_on_failure(tmp_path):
     assert os.listdir(tmp_path) == ["r.json"]  # no temp file left behind
 
 
-def test_jsonl_flushes_each_line(tmp_path):
+def test_jsonl_flushes_each_line_and_replaces_only_on_commit(tmp_path):
     p = tmp_path / "s.jsonl"
+    p.write_text("earlier run\n")
     w = JsonlWriter(p)
     w.write({"i": 1})
-    assert json.loads(p.read_text()) == {"i": 1}  # readable before close: a crash keeps it
+    tmp = tmp_path / "s.jsonl.tmp"
+    assert json.loads(tmp.read_text()) == {"i": 1}  # readable before close: a crash keeps it
+    assert p.read_text() == "earlier run\n"  # not truncated by a run that may still fail
     w.close()
+    assert p.read_text() == "earlier run\n"
+    w = JsonlWriter(p)
+    w.write({"i": 2})
+    w.commit()
+    assert json.loads(p.read_text()) == {"i": 2} and not tmp.exists()
 
 
 def test_output_path_checks(tmp_path):
-    with pytest.raises(ValueError, match="does not exist"):
-        check_output_path(tmp_path / "missing" / "r.json")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ValueError, match="is not a directory"):
+        check_output_path(tmp_path / "f" / "r.json")
+    assert check_output_path(tmp_path / "missing" / "r.json")  # made when the run writes
     with pytest.raises(ValueError, match="directory"):
         check_output_path(tmp_path)

@@ -77,14 +77,14 @@ def test_costs_and_estimated_speedup():
 @pytest.mark.slow
 def test_replay_equals_the_engine_on_smollm2():
     from specdec.api import bundled_drafter
+    from specdec.chat import encode_prompt
     from specdec.evals.datasets import load_humaneval
-    from specdec.evals.run import encode_messages
     from specdec.models import fetch
     from specdec.verifiers.hf import HFVerifier
 
     verifier = HFVerifier(fetch("smollm2-135m"))
     model = DFlashDrafter.from_pretrained(bundled_drafter("smollm2-135m")).model
-    prompt, _ = encode_messages(verifier, load_humaneval(limit=1)[0].messages)
+    prompt = encode_prompt(verifier, load_humaneval(limit=1)[0].messages)
     trace = check(verifier, model, prompt, 48, [0.0, 0.4, 0.8])
     assert max(len(p.lookup) for p in trace.positions) > 0
     assert max(p.confidence[0] for p in trace.positions) > 0.5  # a trained drafter: confident somewhere

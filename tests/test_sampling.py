@@ -235,7 +235,9 @@ def test_warp_matches_hand_computation():
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        (dict(temperature=-0.1), "temperature must be >= 0"),
+        (dict(temperature=-0.1), "temperature must be a finite number >= 0"),
+        (dict(temperature=float("inf")), "temperature must be a finite number >= 0"),
+        (dict(seed=-1), "seed must be in"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
         (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
         (dict(top_k=-1), "top_k must be >= 0"),

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from drafters import ScriptedDrafter
 
+from specdec.chat import encode_prompt
 from specdec.engine import DecodeConfig, generate
 from specdec.ngram import PromptLookupDrafter
 from specdec.sampling import SamplingParams
-from specdec.stream import ChatSession, Detokenizer, Engine, render_chat, text_decoder
+from specdec.stream import ChatSession, Detokenizer, Engine, text_decoder
 from specdec.verifiers.stub import EOS, ByteTokenizer, StubVerifier
 
 MIXED = "Héllo wörld! 😀👍🏽 日本語のテキスト, naïve café — ok. Ωmega ✓ 🇫🇷 end"
@@ -280,9 +281,9 @@ def test_chat_session_turns_equal_fresh_runs_with_a_feature_drafter():
 
 def test_chat_fallback_format_and_context_limit(stub):
     msgs = [{"role": "user", "content": "hi"}]
-    assert render_chat(stub.tokenizer, msgs) == stub.tokenizer.encode("user: hi\nassistant:")
-    with pytest.raises(ValueError, match="empty messages"):
-        render_chat(stub.tokenizer, [])
+    assert encode_prompt(stub, msgs) == stub.tokenizer.encode("user: hi\nassistant:")
+    with pytest.raises(ValueError, match="empty prompt"):
+        encode_prompt(stub, [])
     engine = Engine(stub, max_context=48)
     session = ChatSession(engine)
     with pytest.raises(ValueError, match="new ChatSession"):

@@ -105,3 +105,26 @@ def tiny_qwen3(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
                              norm_topk_prob=True, mlp_only_layers=[1])  # fmt: skip
         return _save(Qwen3MoeForCausalLM(cfg).eval(), path)
     return _save(Qwen3ForCausalLM(Qwen3Config(**common)).eval(), path)
+
+
+def tiny_tokenizer(path: Path, *, chat_template: str | None = None, bos: int = 2, eos: int = 1) -> Path:
+    """A byte-level tokenizer for the tiny models (ids: <pad> 0, <eos> 1, <bos> 2, <start_of_turn> 3,
+    <end_of_turn> 4, then the 256 bytes), saved next to a model as transformers writes one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
+    byte_names = list(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {t: i for i, t in enumerate(specials + sorted(byte_names))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    names = {bos: "bos_token", eos: "eos_token", 0: "pad_token"}
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, additional_special_tokens=specials[3:],
+        **{name: specials[i] for i, name in names.items()},
+    )  # fmt: skip
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    tok.save_pretrained(path)
+    return path

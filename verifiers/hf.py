@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from specdec.kernels import linear_fn, use_onednn
 from specdec.memory import probe_for_module
-from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
 
 __all__ = ["EXACT_ROLLBACK_LAYER_TYPES", "HFVerifier"]
 
@@ -166,6 +166,8 @@ class HFVerifier:
                 f"unsupported architecture in {str(path)!r} (model_type {config.model_type!r}): "
                 f"AutoModelForCausalLM cannot load it ({e})"
             ) from e
+        except Exception as e:  # safetensors' SafetensorError, OSError: truncated or unreadable weights
+            raise ValueError(f"cannot load the weights in {str(path)!r}: {type(e).__name__}: {e}") from None
         return model.to(device)
 
     @staticmethod
@@ -184,15 +186,11 @@ class HFVerifier:
         return self._pos
 
     def set_target_layers(self, layer_ids: Sequence[int]) -> None:
-        bad = [i for i in layer_ids if not 0 <= i < self.num_layers]
-        if bad:
-            raise ValueError(
-                f"target layers {bad} out of range: {self.model_name} has 0..{self.num_layers - 1}"
-            )
+        ids = check_layer_ids(layer_ids, self.num_layers, self.model_name)
         for h in self._hooks:
             h.remove()
         self._hooks, self._captured = [], {}
-        self._layer_ids = tuple(layer_ids)
+        self._layer_ids = ids
         for i in sorted(set(self._layer_ids)):
             self._hooks.append(self._layers[i].register_forward_hook(self._recorder(i)))
 
@@ -266,7 +264,7 @@ class HFVerifier:
         if not 0 <= n <= self._pos:
             raise ValueError(f"cannot roll back {n} of {self._pos} cached positions")
         if n > self._since_crop and self._window_full():
-            raise ValueError(
+            raise RollbackError(
                 f"cannot roll back {n} positions exactly: the sliding-window layers of {self.model_name} "
                 f"only keep the {self._since_crop} positions appended since the last rollback"
             )

@@ -43,9 +43,10 @@ from specdec.bridges.mlx import (
     to_torch,
 )
 from specdec.memory import mlx_probe
-from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn
+from specdec.models import config_fixes
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
 
-__all__ = ["MLXVerifier", "config_fixes"]
+__all__ = ["MLXVerifier"]
 
 #: caches whose `trim(n)` only moves a write offset: rejected slots are overwritten by the next update
 _EXACT_CACHES = (KVCache, ConcatenateKVCache)
@@ -74,64 +75,6 @@ _DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16
 
 def _dtype_name(d: mx.Dtype) -> str:
     return str(d).rsplit(".", 1)[-1]  # "mlx.core.float32" -> "float32"
-
-
-def config_fixes(config: dict[str, Any]) -> dict[str, Any]:
-    """Config fields mlx_lm needs at the top level that transformers 5 stores elsewhere (pass as
-    `model_config`). Without them mlx_lm silently uses its defaults (rope_theta 10000, window pattern 6,
-    Gemma 4's global head_dim 512) or fails to build (Qwen3-MoE's `num_experts`). A Gemma 4 multimodal
-    config gets its fixes inside `text_config`."""
-    text = config.get("text_config")
-    if config.get("model_type") == "gemma4" and isinstance(text, dict):
-        inner = config_fixes(text)
-        return {"text_config": {**text, **inner}} if inner else {}
-    fixes: dict[str, Any] = {}
-    rope = config.get("rope_parameters")
-    if isinstance(rope, dict) and "rope_theta" not in config:
-        per_type = {k: v for k, v in rope.items() if isinstance(v, dict)}
-        full = per_type.get("full_attention", rope) if per_type else rope
-        if "rope_theta" in full:
-            fixes["rope_theta"] = full["rope_theta"]
-        if not per_type and "partial_rotary_factor" in full and "partial_rotary_factor" not in config:
-            fixes["partial_rotary_factor"] = full["partial_rotary_factor"]  # e.g. qwen3_next
-        if full.get("rope_type", "default") != "default" and config.get("rope_scaling") is None:
-            fixes["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
-        sliding = per_type.get("sliding_attention")
-        if sliding and "rope_theta" in sliding and "rope_local_base_freq" not in config:
-            fixes["rope_local_base_freq"] = sliding["rope_theta"]
-    types = config.get("layer_types")
-    # mlx_lm derives these layer patterns from a period that transformers 5 no longer writes
-    period_keys = {"gemma3_text": ("sliding_window_pattern", "sliding_attention"),
-                   "qwen3_next": ("full_attention_interval", "linear_attention")}  # fmt: skip
-    mtype = config.get("model_type")
-    if mtype in period_keys and types and period_keys[mtype][0] not in config:
-        key, other = period_keys[mtype]
-        if "full_attention" not in types:
-            raise ValueError(f"{mtype} config has no full_attention layer in layer_types; mlx_lm needs one")
-        p = types.index("full_attention") + 1
-        expect = ["full_attention" if (i + 1) % p == 0 else other for i in range(len(types))]
-        if list(types) != expect:
-            raise ValueError(
-                f"{mtype} layer_types {types} are not periodic; mlx_lm's {mtype} only supports a fixed {key}"
-            )
-        fixes[key] = p
-    if "num_local_experts" in config and "num_experts" not in config:  # transformers 5 renames it
-        fixes["num_experts"] = config["num_local_experts"]
-    per_layer = config.get("per_layer_config")
-    if config.get("model_type") == "gemma4_text" and isinstance(per_layer, dict) and types:
-        # transformers 5 folds global_head_dim / num_global_key_value_heads into per-layer overrides of
-        # the full-attention layers; mlx_lm reads the top-level names
-        full = [per_layer.get(str(i)) or {} for i, t in enumerate(types) if t == "full_attention"]
-        for key, name in (
-            ("head_dim", "global_head_dim"),
-            ("num_key_value_heads", "num_global_key_value_heads"),
-        ):
-            values = {o[key] for o in full if key in o}
-            if len(values) > 1:
-                raise ValueError(f"gemma4 full-attention layers disagree on {key}: {sorted(values)}")
-            if values and name not in config:
-                fixes[name] = values.pop()
-    return fixes
 
 
 class _Tap:
@@ -310,7 +253,7 @@ class MLXVerifier:
             before = c.offset
             got = c.trim(n)
             if got != n or c.offset != before - n:  # never silent (mlx-lm #1423)
-                raise RuntimeError(
+                raise RollbackError(
                     f"rollback of {n} moved layer {i}'s {type(c).__name__} from {before} to {c.offset} "
                     f"(trim returned {got})"
                 )
@@ -318,12 +261,7 @@ class MLXVerifier:
     # ---- forward -------------------------------------------------------------------------------------
 
     def set_target_layers(self, layer_ids: Sequence[int]) -> None:
-        bad = [i for i in layer_ids if not 0 <= i < self.num_layers]
-        if bad:
-            raise ValueError(
-                f"target layers {bad} out of range: {self.model_name} has 0..{self.num_layers - 1}"
-            )
-        self._layer_ids = tuple(layer_ids)
+        self._layer_ids = check_layer_ids(layer_ids, self.num_layers, self.model_name)
 
     def _layer_list(self) -> tuple[list[Any], int]:
         """The model's own list of decoder layers and where `model.layers[0]` sits in it. Pipeline models

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.memory import probe_for_module
-from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn, check_layer_ids
 
 BOS, EOS, PAD = 256, 257, 258
 
@@ -116,12 +116,7 @@ class StubVerifier:
         return self._pos
 
     def set_target_layers(self, layer_ids: Sequence[int]) -> None:
-        bad = [i for i in layer_ids if not 0 <= i < self.num_layers]
-        if bad:
-            raise ValueError(
-                f"target layers {bad} out of range: {self.model_name} has 0..{self.num_layers - 1}"
-            )
-        self._layer_ids = tuple(layer_ids)
+        self._layer_ids = check_layer_ids(layer_ids, self.num_layers, self.model_name)
 
     def check_rollback(self) -> None:
         return None  # one plain KV buffer: always exact

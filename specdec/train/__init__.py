@@ -60,6 +60,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specdec.chat import encode_prompt
 from specdec.checkpoint import (
     DFlashConfig,
     default_target_layer_ids,
@@ -145,18 +146,6 @@ def _normalise_prompts(prompts: Any) -> list[tuple[str, Any]]:
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"duplicate prompt ids {dup[:5]}: ids must be unique for the dataset cache")
     return items
-
-
-def encode_for_training(verifier: Verifier, prompt: Any) -> list[int]:
-    """Token ids of a prompt: chat messages through the chat template where the tokenizer has one,
-    otherwise their contents joined by newlines; text through the tokenizer; ids unchanged."""
-    from specdec.api import encode_prompt
-
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-        tok = verifier.tokenizer
-        if tok is not None and not getattr(tok, "chat_template", None):
-            prompt = "\n".join(str(m.get("content", "")) for m in prompt)
-    return encode_prompt(verifier, prompt)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -453,7 +442,7 @@ def build_dataset(
             group = todo[j : j + group_size]
             encoded, budgets, keep = [], [], []
             for i, pid, p in group:
-                toks = encode_for_training(verifier, p)
+                toks = encode_prompt(verifier, p)
                 budget = min(max_new_tokens, max_seq_len - len(toks), verifier.max_context - len(toks))
                 if not toks or budget < 1:
                     index["skipped"][pid] = (
@@ -1387,7 +1376,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specdec.train", description="Train a DFlash drafter.")
     add_train_args(p)
     return cmd_train(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Command-line options shared by `specdec generate / eval / serve / demo` and the replay tool, declared
+once, and the one place that turns an error into a one-line message.
+
+Values are checked by argparse itself where a type can say it (counts >= 1, ports, finite numbers), so a
+bad flag is refused before any model loads. `--block-size` defaults to the drafter's own block size
+everywhere (prompt lookup, which has none, drafts blocks of 16). Commands give their own defaults for
+`--verifier`, `--model` and `--drafter` (the replay tool is about the bundled drafter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+from specdec.sampling import PROPOSALS, RULES, SamplingParams
+
+if TYPE_CHECKING:
+    from specdec.protocols import Drafter, Verifier
+
+__all__ = [
+    "LOOKUP_BLOCK_SIZE",
+    "Parser",
+    "add_drafter_args",
+    "add_sampling_args",
+    "add_verifier_args",
+    "at_least",
+    "finite",
+    "load_models",
+    "run_command",
+    "run_main",
+    "sampling_of",
+]
+
+LOOKUP_BLOCK_SIZE = 16  # prompt lookup has no block size of its own
+RUNTIMES = ("stub", "hf", "mlx")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (`<prog>: error: ... (see --help)`) instead of the usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def at_least(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """argparse type: an integer in [lo, hi]."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(
+                f"must be {lo}..{hi}, got {v}" if hi else f"must be >= {lo}, got {v}"
+            )
+        return v
+
+    return parse
+
+
+def finite(lo: float = -math.inf, hi: float = math.inf) -> Callable[[str], float]:
+    """argparse type: a finite number in [lo, hi]."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(v) or not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be a finite number in [{lo:g}, {hi:g}], got {text}")
+        return v
+
+    return parse
+
+
+def add_verifier_args(p: argparse.ArgumentParser, *, runtime: str = "stub", model: str | None = None) -> None:
+    p.add_argument("--verifier", choices=RUNTIMES, default=runtime)
+    p.add_argument(
+        "--model",
+        default=model,
+        help="short name (smollm2-135m, gemma3-270m), local HF folder or mlx repo id",
+    )
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu", help="torch device of the drafter (and of an hf verifier)")
+
+
+def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-lookup") -> None:
+    p.add_argument(
+        "--drafter", default=drafter,
+        help="'none' (autoregressive), 'prompt-lookup', 'bundled:<model>' or a DFlash checkpoint folder; "
+        "append '+lookup' to a DFlash one for prompt lookup where the text repeats",
+    )  # fmt: skip
+    p.add_argument(
+        "--block-size",
+        type=at_least(1),
+        help=f"default: the drafter's ({LOOKUP_BLOCK_SIZE} for prompt lookup)",
+    )
+    p.add_argument(
+        "--min-confidence", type=finite(0, 1), default=0.0,
+        help="cut DFlash blocks where the drafter's running top-1 probability falls below this (0: whole "
+        "blocks). Worth it where verifying several tokens costs far more than one, as on CPUs",
+    )  # fmt: skip
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=finite(0), default=0.0, help="0: greedy (exact verifier argmax)")
+    p.add_argument("--top-p", type=finite(0, 1), default=1.0)
+    p.add_argument("--top-k", type=at_least(0), default=0, help="0: off")
+    p.add_argument("--min-p", type=finite(0, 1), default=0.0)
+    p.add_argument("--seed", type=at_least(0, 2**63 - 1), default=0)
+    p.add_argument(
+        "--rule", choices=RULES, default="match",
+        help="T>0 verification: 'match' (same seed = same output as no speculation) or 'rejection'",
+    )  # fmt: skip
+    p.add_argument(
+        "--proposal", choices=PROPOSALS, default="argmax", help="T>0: how the drafter picks drafts"
+    )
+
+
+def sampling_of(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed,
+        rule=args.rule, proposal=args.proposal,
+    )  # fmt: skip
+
+
+def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int]:
+    """(verifier, drafter or None, block size) from the verifier and drafter options: the block size is
+    `--block-size` or the drafter's own (1 without a drafter)."""
+    from specdec.api import load_drafter, load_verifier
+
+    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
+    drafter = load_drafter(
+        args.drafter, verifier=verifier, block_size=args.block_size or LOOKUP_BLOCK_SIZE, device=args.device,
+        dtype=args.dtype, min_confidence=args.min_confidence,
+    )  # fmt: skip
+    block = 1 if drafter is None else (args.block_size or drafter.block_size)
+    return verifier, drafter, block
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if isinstance(e, (ValueError, RuntimeError)) else f"{type(e).__name__}: {text}"
+
+
+def run_main(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` and run the chosen command (`args.func`) with `run_command`; a bad flag is exit code 2
+    (argparse has said why), `--help` 0."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return run_command(args.func, args)
+
+
+def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command; what a user can cause becomes `error: <one line>` on stderr and exit code 2 (bad
+    input, missing or unreadable files), an interrupt exit code 1."""
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2

@@ -1,0 +1,7 @@
+"""`python -m specdec.train` (e.g. under torchrun): the same arguments as `specdec train`."""
+
+import sys
+
+from specdec.train import main
+
+sys.exit(main())
