@@ -10,6 +10,7 @@ The verifier writes the responses itself (see `specdec.train`), so a drafter lea
 
 from __future__ import annotations
 
+import gzip
 import importlib
 import inspect
 import json
@@ -118,7 +119,7 @@ def _modules(names: Sequence[str] = STDLIB_MODULES) -> list[Any]:
             warnings.simplefilter("ignore")
             try:
                 mods.append(importlib.import_module(name))
-            except ImportError:
+            except (Exception, SystemExit):  # optional dependencies missing, platform-only modules
                 continue
     return mods
 
@@ -255,3 +256,366 @@ def _write_mixed(path: Path, tag: str, sources: dict[str, list[str]], seed: int)
     rows = [(f"{tag}-{src}-{i}", src, text) for src, texts in sources.items() for i, text in enumerate(texts)]
     random.Random(seed).shuffle(rows)  # any prefix of the file mixes the sources
     return _write_rows(path, rows)
+
+
+# ---- the corpus at scale (issue: 20k sequences): libraries, more chat, self-instruct, two turns -----------
+
+#: installed packages whose public functions and methods become code prompts (beside the standard library);
+#: sub-packages with these prefixes are left out (tests, vendored copies, heavy or side-effect imports)
+LIBRARIES = (
+    "numpy", "networkx", "sympy", "mpmath", "matplotlib", "PIL", "torch", "transformers", "huggingface_hub",
+    "pygments", "rich", "markdown_it", "jinja2", "requests", "urllib3", "dateutil", "pyparsing", "fontTools",
+    "pydantic", "pip", "setuptools", "_pytest", "click", "typer", "anyio", "httpx", "jsonschema", "attr",
+    "fsspec", "filelock", "packaging", "yaml", "psutil", "tqdm", "starlette", "uvicorn", "mlx_lm", "gguf",
+    "accelerate", "openai", "referencing", "tokenizers", "safetensors", "idna", "certifi", "pluggy",
+)  # fmt: skip
+_SKIP_PARTS = (
+    "test", "tests", "testing", "_vendor", "vendor", "conftest", "benchmarks", "examples", "backends",
+    "__main__", "cli", "commands", "scripts",
+)  # fmt: skip
+_TORCH_MODULES = (
+    "torch.nn.functional", "torch.nn.modules", "torch.optim", "torch.utils.data", "torch.distributions",
+    "torch.nn.utils", "torch.autograd", "torch.nn.init", "torch.utils.checkpoint", "torch.functional",
+)  # fmt: skip
+_TRANSFORMERS_MODULES = (
+    "transformers.generation", "transformers.tokenization_utils_base", "transformers.modeling_utils",
+    "transformers.utils.generic", "transformers.image_utils", "transformers.data",
+    "transformers.optimization", "transformers.pipelines.base", "transformers.configuration_utils",
+    "transformers.trainer_pt_utils",
+    "transformers.masking_utils", "transformers.cache_utils", "transformers.audio_utils",
+)  # fmt: skip
+
+#: how a code prompt asks; the second is the wording `specdec.evals` wraps HumanEval problems in (our own
+#: text, not benchmark data: the overlap check compares against the problems themselves)
+CODE_INSTRUCTIONS = (
+    "Complete the following Python function:\n```python\n{code}```",
+    "Complete the following Python function. Reply with the complete function in a single Python code "
+    "block.\n\n```python\n{code}```",
+    "Implement this Python function. Keep the signature and the docstring.\n\n```python\n{code}```",
+    "Write the body of the following function, then explain in two sentences how it works.\n\n```python\n"
+    "{code}```",
+)
+
+
+def _library_modules(package: str) -> list[str]:
+    """Importable public modules of `package`, sorted; nothing under _SKIP_PARTS or a private name."""
+    import pkgutil
+
+    roots = {"torch": _TORCH_MODULES, "transformers": _TRANSFORMERS_MODULES}.get(package, (package,))
+    names: set[str] = set()
+    for root in roots:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mod = importlib.import_module(root)
+        except Exception:  # a broken optional import of some package: skip it
+            continue
+        names.add(root)
+        for info in pkgutil.walk_packages(
+            getattr(mod, "__path__", []), prefix=root + ".", onerror=lambda _: None
+        ):
+            parts = info.name.split(".")[1:]
+            if any(p.startswith("_") or p in _SKIP_PARTS for p in parts):
+                continue
+            names.add(info.name)
+    return sorted(names)
+
+
+def library_code_prompts(
+    packages: Sequence[str] = LIBRARIES, *, per_package: int = 600, seed: int = 0
+) -> list[tuple[str, str]]:
+    """(source, prompt) for documented public functions and methods that `packages` define (at most
+    `per_package` each, drawn with a seeded RNG from the package's sorted list), skipping any signature the
+    standard-library sets already give. Signatures over 160 characters are left out."""
+    known = {p for p in stdlib_code_prompts() + stdlib_method_prompts()}
+    rng = random.Random(seed)
+    out: list[tuple[str, str]] = []
+    for package in packages:
+        found: list[str] = []
+        seen: set[tuple[str, str]] = set()
+        for mod in _modules(_library_modules(package)):
+            for attr, fn in _own_public(mod, inspect.isfunction):
+                code = _function_prompt(attr, fn, seen)
+                if code and len(code.split("\n", 1)[0]) <= 160:
+                    found.append(code)
+            for cname, cls in _own_public(mod, inspect.isclass):
+                for attr, fn in sorted(vars(cls).items()):
+                    if attr.startswith("_") or not inspect.isfunction(fn):
+                        continue
+                    code = _function_prompt(attr, fn, seen, indent="    ")
+                    if code and len(code.split("\n", 1)[0]) <= 164:
+                        found.append(f"class {cname}:\n{code}")
+        for code in rng.sample(found, min(per_package, len(found))):
+            text = rng.choice(CODE_INSTRUCTIONS).format(code=code)
+            if text not in known:
+                out.append((package, text))
+    return out
+
+
+#: instructions by the kinds of task MT-Bench scores (writing, roleplay, reasoning, math, coding, extraction,
+#: STEM, humanities), written for this project; {t}, {u}: topics, {n}, {m}: small numbers
+CHAT_TEMPLATES_V2 = (
+    "Write a blog post of about 300 words on {t}, with a catchy title and three sections.",
+    "Write a cover letter for a job at a company that works on {t}.",
+    "Write a poem of four stanzas about {t}. Then explain the imagery you used.",
+    "Draft a short speech for the opening of a conference on {t}.",
+    "Write a formal complaint letter about a problem with a service related to {t}.",
+    "Write a children's story about {t} with a moral at the end.",
+    "Compose a tweet thread of five tweets that explains {t}.",
+    "Write a product review of an imaginary book about {t}: what was good and what was missing?",
+    "Pretend you are a famous scientist who studies {t}. Answer a journalist who asks why it matters.",
+    "Act as a travel agent and plan a three-day trip for someone fascinated by {t}.",
+    "You are a detective in a mystery novel. Describe a clue connected to {t} and what it reveals.",
+    "Imagine you are a coach. Give a pep talk to a team that is about to compete in {t}.",
+    "Play the role of a museum curator presenting a new exhibition about {t}.",
+    "You are a customer support agent. A user is confused about {t}. Help them politely.",
+    "A farmer has {n} cows and buys {m} more, then sells half of them. How many cows are left? Explain.",
+    "If a train travels {n}0 kilometres in {m} hours, what is its average speed? Show your reasoning.",
+    "Solve for x: {n}x + {m} = {n}{m}. Explain every step.",
+    "What is the sum of the first {n}{m} positive integers? Explain the formula you use.",
+    "A rectangle has a perimeter of {n}{m} cm and one side of {n} cm. What is its area?",
+    "I roll two dice. What is the probability that the sum is {n}? Explain.",
+    "A recipe for {n} people needs {m}00 grams of flour. How much flour for {m} people?",
+    "Three friends share {n}{m} dollars in the ratio 1:2:3. How much does each get?",
+    "Alice is older than Bob, and Bob is older than Carol. Who is the youngest? Explain the reasoning, "
+    "then relate it to {t}.",
+    "Is the following argument valid? 'All things related to {t} are interesting. {u} is interesting. "
+    "So {u} is related to {t}.' Explain.",
+    "Give a step-by-step argument for and against the claim that {t} will change everyday life within "
+    "ten years.",
+    "Write a Python function that checks whether a string is a palindrome, and use it on three examples "
+    "about {t}.",
+    "Write a Python class that stores a list of notes about {t} and can search them by keyword.",
+    "Explain the difference between a list and a dictionary in Python, using data about {t} as an example.",
+    "Write a SQL query that counts the number of articles per author in a table of articles about {t}.",
+    "Write a JavaScript function that formats a date, and explain it to someone who studies {t}.",
+    "Find the bug in this Python code and fix it: `def mean(xs): return sum(xs) / len(xs) + 1`",
+    "Write a shell command that finds every file containing the word '{t}' in a folder.",
+    "Write a recursive Python function that computes the {n}th Fibonacci number, then an iterative one.",
+    "Extract the names, dates and places from this text and return them as JSON: 'On {n} May, Maria met "
+    "Tom in Lisbon to talk about {t}; they met again in Oslo on {m} June.'",
+    "Read this review and return the product, the rating out of 5 and the main complaint as JSON: 'The "
+    "{t} guide was fine, maybe three stars, but the pictures were blurry.'",
+    "List every number in this sentence and their sum: 'We saw {n} birds, {m} boats and 12 people near "
+    "the lake while reading about {t}.'",
+    "Classify the tone of this message as positive, negative or neutral and explain why: 'I finally "
+    "understand {t}, although it took ages.'",
+    "Explain how {t} works at the level of a first-year university course, with one equation if it helps.",
+    "What are the key scientific principles behind {t}? Give an example for each.",
+    "Describe an experiment a student could do at home to learn about {t}.",
+    "How does {t} relate to {u}? Describe two connections.",
+    "What role did {t} play in history? Mention two turning points.",
+    "Discuss the ethical questions raised by {t}.",
+    "How have artists and writers portrayed {t}? Give examples.",
+    "Compare how two different cultures think about {t}.",
+    "Write a short essay on how {t} has influenced modern society.",
+)  # fmt: skip
+
+TOPICS_V2 = (
+    *_TOPICS,
+    "artificial intelligence", "the Renaissance", "antibiotics", "DNA", "the Great Wall of China",
+    "hurricanes", "wind turbines", "the printing of money", "inflation", "the theory of evolution",
+    "dinosaurs", "the periodic table", "magnetism", "electricity", "gravity", "the speed of light",
+    "the Industrial Revolution", "the Cold War", "ancient Greece", "the Aztecs", "the Vikings",
+    "the Ottoman Empire", "the Ming dynasty", "the Mongol Empire", "the Maya", "the Byzantine Empire",
+    "impressionism", "classical music", "hip hop", "opera", "film noir", "poetry", "theatre",
+    "photography", "architecture", "graphic design", "fashion", "knitting", "woodworking", "pottery",
+    "gardening", "beekeeping", "fishing", "camping", "cycling", "swimming", "yoga", "football", "tennis",
+    "basketball", "cricket", "skiing", "surfing", "rock climbing", "running shoes", "healthy breakfasts",
+    "vegetarian cooking", "bread making", "tea", "chocolate", "spices", "fermentation", "food safety",
+    "microbes", "viruses", "the heart", "the lungs", "the skeleton", "allergies", "diabetes", "exercise",
+    "mental health", "stress", "habits", "motivation", "procrastination", "memory", "learning styles",
+    "online courses", "exams", "homework", "teaching", "parenting", "pets", "dogs", "cats", "horses",
+    "whales", "sharks", "octopuses", "ants", "butterflies", "owls", "penguins", "elephants", "wolves",
+    "forests", "deserts", "oceans", "rivers", "lakes", "caves", "islands", "the Arctic", "Antarctica",
+    "the Amazon", "the Sahara", "the Alps", "the Himalayas", "weather forecasts", "air pollution",
+    "water scarcity", "plastic waste", "composting", "electric bikes", "trains", "airplanes", "ships",
+    "rockets", "satellites", "Mars", "Jupiter", "comets", "the Big Bang", "telescopes", "microscopes",
+    "batteries", "semiconductors", "the transistor", "databases", "spreadsheets", "operating systems",
+    "computer networks", "cybersecurity", "passwords", "encryption", "cloud computing", "web browsers",
+    "search engines", "social media", "email etiquette", "online privacy", "blockchain", "virtual reality",
+    "self-driving cars", "drones", "smart homes", "wearable devices", "programming languages", "Python",
+    "algorithms", "sorting", "recursion", "data structures", "statistics", "probability", "geometry",
+    "prime numbers", "fractions", "calculus", "game theory", "logic puzzles", "economics", "taxes",
+    "banking", "insurance", "entrepreneurship", "marketing", "negotiation", "leadership", "teamwork",
+    "customer service", "job interviews", "resumes", "career changes", "retirement", "saving money",
+    "investing", "real estate", "city planning", "bridges", "skyscrapers", "roads", "public parks",
+    "elections", "human rights", "the United Nations", "law and courts", "journalism", "advertising",
+    "philosophy", "ethics", "mythology", "folk tales", "world religions", "languages of the world",
+    "translation", "dictionaries", "handwriting", "calligraphy", "board games", "card games", "puzzles",
+    "magic tricks", "circuses", "festivals", "weddings", "birthdays", "holidays", "time zones", "calendars",
+    "clocks", "maps", "navigation", "exploration", "lighthouses", "castles", "pyramids", "bridges of Paris",
+    "volunteering abroad", "first aid", "firefighting", "emergency planning", "noise", "light", "colour",
+    "sound waves", "music theory", "guitars", "pianos", "drums", "choirs", "dance", "animation", "comics",
+)  # fmt: skip
+
+#: who asks, for instructions the verifier writes itself (self-instruct)
+PERSONAS = (
+    "a high-school student", "a retired teacher", "a software engineer", "a nurse", "a farmer",
+    "a small-business owner", "a curious ten-year-old", "a university professor", "a journalist",
+    "a tourist", "a new parent", "a chef", "a musician", "a scientist", "a lawyer", "a data analyst",
+    "a librarian", "a football coach", "a gardener", "a novelist", "a first-time home buyer",
+    "a bus driver", "a museum guide", "a game designer", "a doctor", "an engineering student",
+    "a history buff", "a photographer", "a pilot", "a shop assistant",
+)  # fmt: skip
+SELF_INSTRUCT = (
+    "Write one question that {p} might ask an AI assistant about {t}. Write only the question.",
+    "Write one task that {p} might give an AI assistant, related to {t}. Write only the task, in one "
+    "sentence.",
+)
+
+#: follow-up user turns for two-turn conversations (written here; MT-Bench's second turns are not used)
+FOLLOW_UPS = (
+    "Can you make your answer shorter, in at most three sentences?",
+    "Rewrite your answer for a ten-year-old.",
+    "Give three concrete examples of what you described.",
+    "Now summarize everything in a single sentence.",
+    "Turn your answer into a bulleted list.",
+    "What is the weakest point of your answer? Improve it.",
+    "Add a title and a short conclusion to your answer.",
+    "Rewrite your answer in a more formal tone.",
+    "Explain the most important part of your answer in more detail.",
+    "Write a short quiz of three questions based on your answer.",
+    "Now write the opposite point of view.",
+    "Can you give the same answer as a table?",
+    "Which part of your answer would an expert disagree with, and why?",
+    "Continue from where you stopped, adding one more paragraph.",
+    "Rewrite your answer so that every paragraph starts with a question.",
+    "Give me a step-by-step version of your answer.",
+    "How would your answer change for someone living in a big city?",
+    "Write a short email that shares your answer with a friend.",
+    "Now write Python code that illustrates your answer.",
+    "Check your answer for mistakes and correct any you find.",
+)  # fmt: skip
+
+
+def chat_prompts_v2(n: int, *, seed: int = 0) -> list[str]:
+    """`n` distinct instructions from CHAT_TEMPLATES_V2 x TOPICS_V2 (and small numbers), seeded order."""
+    rng = random.Random(seed)
+    out: set[str] = set()
+    limit = len(CHAT_TEMPLATES_V2) * len(TOPICS_V2)
+    while len(out) < min(n, limit):
+        t, u = rng.sample(TOPICS_V2, 2)
+        out.add(rng.choice(CHAT_TEMPLATES_V2).format(t=t, u=u, n=rng.randint(2, 9), m=rng.randint(2, 9)))
+    items = sorted(out)
+    rng.shuffle(items)
+    return items
+
+
+def self_instruct_seeds(n: int, *, seed: int = 0) -> list[str]:
+    """`n` distinct requests asking the verifier to write an instruction (persona x topic x wording)."""
+    rng = random.Random(seed)
+    out: set[str] = set()
+    while len(out) < min(n, len(SELF_INSTRUCT) * len(PERSONAS) * len(TOPICS_V2)):
+        out.add(rng.choice(SELF_INSTRUCT).format(p=rng.choice(PERSONAS), t=rng.choice(TOPICS_V2)))
+    items = sorted(out)
+    rng.shuffle(items)
+    return items
+
+
+def parse_instruction(text: str) -> str | None:
+    """The instruction in a self-instruct answer, or None when it does not look like one (too short or
+    long, code, a list). A quoted instruction ('A nurse might ask: "..."') is taken from its quotes;
+    otherwise the first non-empty line, labels ("Question:") stripped."""
+    quoted = [q.strip() for q in re.findall(r'"([^"]{12,})"', text)]
+    if quoted:
+        line = max(quoted, key=len)
+    else:
+        lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+        if not lines:
+            return None
+        line = re.sub(r"^(question|task|q)\s*[:.-]\s*", "", lines[0], flags=re.I).strip().strip('"').strip()
+    words = line.split()
+    if not 5 <= len(words) <= 60 or line.startswith(("```", "-", "*", "1.")) or "{" in line:
+        return None
+    return line
+
+
+# ---- disjointness from the eval sets -------------------------------------------------------------------
+
+OVERLAP_N = 8  # word n-grams shared with an eval prompt disqualify a training prompt
+
+
+def word_ngrams(text: str, n: int = OVERLAP_N) -> set[tuple[str, ...]]:
+    """Lower-cased alphanumeric word n-grams of `text`."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def eval_ngrams(n: int = OVERLAP_N) -> set[tuple[str, ...]]:
+    """Word n-grams of every HumanEval problem prompt and every MT-Bench turn (the data, not the
+    instruction `specdec.evals` wraps HumanEval problems in)."""
+    from specdec.evals.datasets import fetch_dataset, load_mtbench
+
+    grams: set[tuple[str, ...]] = set()
+    with gzip.open(fetch_dataset("humaneval"), "rt") as f:
+        for line in f:
+            grams |= word_ngrams(json.loads(line)["prompt"], n)
+    for r in load_mtbench():
+        for turn in r.turns:
+            grams |= word_ngrams(turn, n)
+    return grams
+
+
+# ---- the corpus stages -----------------------------------------------------------------------------------
+
+CHAT_SOURCES = ("chat", "chat1", "self")  # stage_turn1 sources that are conversations, not code
+
+
+def code_prompts_v2(*, seed: int = 0) -> list[tuple[str, str]]:
+    """(source, prompt): every documented public function and method of both standard-library module
+    lists, then `library_code_prompts`, each asked in one of CODE_INSTRUCTIONS (seeded)."""
+    rng = random.Random(seed)
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for mod in _modules(STDLIB_MODULES + STDLIB_MODULES_MORE):
+        codes = [_function_prompt(a, fn, seen) for a, fn in _own_public(mod, inspect.isfunction)]
+        for cname, cls in _own_public(mod, inspect.isclass):
+            for attr, fn in sorted(vars(cls).items()):
+                if not attr.startswith("_") and inspect.isfunction(fn):
+                    code = _function_prompt(attr, fn, seen, indent="    ")
+                    codes.append(code and f"class {cname}:\n{code}")
+        out += [("stdlib", rng.choice(CODE_INSTRUCTIONS).format(code=c)) for c in codes if c]
+    return out + library_code_prompts(seed=seed)
+
+
+def stage_questions(n: int = 3000, *, seed: int = 0) -> list[tuple[str, list[dict[str, str]]]]:
+    """Stage 1: requests that make the verifier write instructions itself (self-instruct)."""
+    return [
+        (f"q-{i}", [{"role": "user", "content": t}]) for i, t in enumerate(self_instruct_seeds(n, seed=seed))
+    ]
+
+
+def stage_turn1(
+    questions: Sequence[str], *, n_chat: int = 5000, n_chat_v1: int = 1000, seed: int = 0
+) -> list[tuple[str, list[dict[str, str]]]]:
+    """Stage 2: code prompts, chat instructions (templated, and `questions`, the verifier's own) in a seeded
+    order, any whose word n-grams meet an eval prompt's left out."""
+    rows = [(src, t) for src, t in code_prompts_v2(seed=seed)]
+    rows += [("chat", t) for t in chat_prompts_v2(n_chat, seed=seed)]
+    rows += [("chat1", t) for t in chat_prompts(n_chat_v1, seed=seed + 3, templates=_ALL_TEMPLATES)]
+    rows += [("self", t) for t in dict.fromkeys(questions)]
+    banned = eval_ngrams()
+    rows = [(s, t) for s, t in rows if not word_ngrams(t) & banned]
+    keyed = [(f"{src}-{i}", t) for i, (src, t) in enumerate(rows)]
+    random.Random(seed).shuffle(keyed)
+    return [(k, [{"role": "user", "content": t}]) for k, t in keyed]
+
+
+def stage_turn2(
+    turn1: Sequence[tuple[str, list[dict[str, str]], str]], *, n: int = 3000, seed: int = 0
+) -> list[tuple[str, list[dict[str, str]]]]:
+    """Stage 3: two-turn conversations: `n` of the (key, messages, answer) first turns (chat ones, seeded
+    draw) followed by one of FOLLOW_UPS."""
+    rng = random.Random(seed)
+    chat = [t for t in turn1 if t[0].split("-")[0] in CHAT_SOURCES]
+    out = []
+    for key, messages, answer in rng.sample(chat, min(n, len(chat))):
+        follow = rng.choice(FOLLOW_UPS)
+        out.append(
+            (
+                f"{key}/2",
+                [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": follow}],
+            )
+        )
+    return out

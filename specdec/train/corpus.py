@@ -1,0 +1,329 @@
+"""A token-id training corpus: the verifier's own responses to many prompts, built in resumable chunks.
+
+Token ids are all a drafter's training needs from the verifier ahead of time (features are computed from
+them online, see `specdec.train.features`), and they are small: a corpus of 20k sequences is ~15 MB, so
+it is committed and a fresh machine never regenerates it. Layout of a corpus folder:
+
+    corpus.json                the verifier it was built with (name, vocabulary, layers) and each stage's
+                               settings: {"budget", "chunk_size", "n_prompts"}
+    <stage>/prompts.jsonl.gz   the stage's prompts, fixed when the stage starts: {"key", "messages"} a line
+    <stage>/chunk-NNNNN.npz    the results of prompts [N*chunk_size, (N+1)*chunk_size): keys, prompt ids
+                               and response ids (int32, flat, with lengths)
+
+A stage is a list of prompts answered greedily with up to `budget` new tokens (ending at the first stop
+token, included). Its prompt list is written once: a later build (another machine, other installed
+package versions) reads the committed list instead of recomputing it, so chunk N always means the same
+prompts. Chunks are written atomically as soon as all their prompts are answered, so a build can be
+stopped at any moment and resumed: only the chunks still missing are generated. An HF verifier answers
+with continuous batching (`specdec.verifiers.hf.generate_many`, rows kept full across chunk boundaries);
+any other verifier through the engine's autoregressive loop, one prompt at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specdec.chat import encode_prompt
+from specdec.protocols import Verifier
+from specdec.records import atomic_write_bytes
+
+__all__ = ["Corpus", "TrainSequence", "build_stage"]
+
+FORMAT = "specdec-corpus"
+VERSION = 1
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class TrainSequence:
+    """One training sequence: prompt ids then the verifier's response ids."""
+
+    key: str
+    ids: np.ndarray  # [T] int32
+    prompt_len: int
+
+
+class Corpus:
+    """A corpus folder (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        meta = self.path / "corpus.json"
+        if not meta.is_file():
+            raise FileNotFoundError(f"{str(self.path)!r} is not a corpus (no corpus.json): build one first")
+        self.meta: dict[str, Any] = json.loads(meta.read_text())
+        if self.meta.get("format") != FORMAT:
+            raise ValueError(f"{str(meta)!r} is not a {FORMAT} file")
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], verifier: Verifier, *, max_len: int) -> Corpus:
+        """Open the corpus at `path`, or start one for `verifier` (refusing a folder built by another)."""
+        path = Path(path)
+        want = {
+            "model": verifier.model_name, "vocab_size": verifier.vocab_size,
+            "hidden_size": verifier.hidden_size, "num_layers": verifier.num_layers,
+        }  # fmt: skip
+        if (path / "corpus.json").is_file():
+            c = cls(path)
+            diff = {
+                k: (c.meta["verifier"].get(k), v) for k, v in want.items() if c.meta["verifier"].get(k) != v
+            }
+            if diff or c.meta["max_len"] != max_len:
+                raise ValueError(
+                    f"corpus {str(path)!r} was built for another verifier or max_len: {diff} (stored, "
+                    "given); use another folder"
+                )
+            return c
+        path.mkdir(parents=True, exist_ok=True)
+        meta = {"format": FORMAT, "version": VERSION, "verifier": want, "max_len": max_len, "stages": {}}
+        atomic_write_bytes(path / "corpus.json", json.dumps(meta, indent=1).encode())
+        return cls(path)
+
+    # ---- stages ----------------------------------------------------------------------------------------
+
+    def has_stage(self, stage: str) -> bool:
+        return stage in self.meta["stages"]
+
+    def start_stage(
+        self, stage: str, make: Callable[[], list[tuple[str, Messages]]], *, budget: int, chunk_size: int
+    ) -> None:
+        """Fix a stage's prompts (`make()`, called only if the stage is new) and settings."""
+        if self.has_stage(stage):
+            have = self.meta["stages"][stage]
+            if (have["budget"], have["chunk_size"]) != (budget, chunk_size):
+                raise ValueError(
+                    f"stage {stage!r} of {str(self.path)!r} has budget {have['budget']} and chunk size "
+                    f"{have['chunk_size']}; asked for {budget} and {chunk_size}"
+                )
+            return
+        prompts = make()
+        keys = [k for k, _ in prompts]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"stage {stage!r}: prompt keys must be unique")
+        (self.path / stage).mkdir(exist_ok=True)
+        lines = "".join(json.dumps({"key": k, "messages": m}) + "\n" for k, m in prompts)
+        atomic_write_bytes(self.path / stage / "prompts.jsonl.gz", gzip.compress(lines.encode(), mtime=0))
+        self.meta["stages"][stage] = {"budget": budget, "chunk_size": chunk_size, "n_prompts": len(prompts)}
+        atomic_write_bytes(self.path / "corpus.json", json.dumps(self.meta, indent=1).encode())
+
+    def prompts(self, stage: str) -> list[tuple[str, Messages]]:
+        text = gzip.decompress((self.path / stage / "prompts.jsonl.gz").read_bytes()).decode()
+        return [(r["key"], r["messages"]) for r in map(json.loads, text.splitlines())]
+
+    def n_chunks(self, stage: str) -> int:
+        s = self.meta["stages"][stage]
+        return -(-s["n_prompts"] // s["chunk_size"])
+
+    def chunk_path(self, stage: str, n: int) -> Path:
+        return self.path / stage / f"chunk-{n:05d}.npz"
+
+    def missing_chunks(self, stage: str) -> list[int]:
+        return [n for n in range(self.n_chunks(stage)) if not self.chunk_path(stage, n).is_file()]
+
+    # ---- reading ---------------------------------------------------------------------------------------
+
+    def sequences(self, stage: str) -> Iterator[TrainSequence]:
+        """The finished sequences of `stage`, chunk by chunk (missing chunks are skipped)."""
+        for n in range(self.n_chunks(stage)):
+            p = self.chunk_path(stage, n)
+            if not p.is_file():
+                continue
+            with np.load(p) as z:
+                keys, plen, rlen = z["keys"], z["prompt_len"], z["response_len"]
+                prompt, response = z["prompt"], z["response"]
+            po, ro = np.concatenate([[0], np.cumsum(plen)]), np.concatenate([[0], np.cumsum(rlen)])
+            for i, key in enumerate(keys.tolist()):
+                ids = np.concatenate([prompt[po[i] : po[i + 1]], response[ro[i] : ro[i + 1]]])
+                yield TrainSequence(key=key, ids=ids.astype(np.int32), prompt_len=int(plen[i]))
+
+    def responses(self, stage: str) -> dict[str, np.ndarray]:
+        """key -> response ids [n] of the finished prompts of `stage`."""
+        return {s.key: s.ids[s.prompt_len :] for s in self.sequences(stage)}
+
+    def stats(self) -> dict[str, Any]:
+        """Per stage: prompts, finished sequences and their prompt / response token counts."""
+        out = {}
+        for stage in self.meta["stages"]:
+            seqs = list(self.sequences(stage))
+            out[stage] = {
+                "n_prompts": self.meta["stages"][stage]["n_prompts"], "n_sequences": len(seqs),
+                "prompt_tokens": sum(s.prompt_len for s in seqs),
+                "response_tokens": sum(len(s.ids) - s.prompt_len for s in seqs),
+            }  # fmt: skip
+        return out
+
+
+def _write_chunk(path: Path, rows: list[tuple[str, list[int], list[int]]]) -> None:
+    import io
+
+    buf = io.BytesIO()
+    np.savez_compressed(
+        buf,
+        keys=np.array([k for k, _, _ in rows]),
+        prompt_len=np.array([len(p) for _, p, _ in rows], dtype=np.int32),
+        response_len=np.array([len(r) for _, _, r in rows], dtype=np.int32),
+        prompt=np.array([t for _, p, _ in rows for t in p], dtype=np.int32),
+        response=np.array([t for _, _, r in rows for t in r], dtype=np.int32),
+    )
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _answers(
+    verifier: Verifier, items: Iterator[tuple[Any, list[int], int]], *, max_len: int, rows: int
+) -> Iterator[tuple[Any, list[int]]]:
+    """(key, greedy response) for (key, prompt ids, budget) items, in any order."""
+    if hasattr(verifier, "generate_many"):
+        yield from verifier.generate_many(items, max_len=max_len, rows=rows)
+        return
+    from specdec.engine import DecodeConfig, generate
+
+    for key, prompt, budget in items:
+        res = generate(verifier, prompt, cfg=DecodeConfig(max_new_tokens=budget, block_size=1))
+        yield key, list(res.output_tokens)
+
+
+def build_stage(
+    corpus: Corpus,
+    verifier: Verifier,
+    stage: str,
+    *,
+    encode: Callable[[Messages], list[int]],
+    rows: int = 128,
+    max_chunks: int | None = None,
+    progress: bool = True,
+) -> int:
+    """Answer the prompts of the missing chunks of `stage` (at most `max_chunks` of them); returns the
+    number of chunks written. A prompt whose ids leave no room under the corpus' max_len gets an empty
+    response and is recorded as such (its chunk still completes)."""
+    s = corpus.meta["stages"][stage]
+    size, budget, max_len = s["chunk_size"], s["budget"], corpus.meta["max_len"]
+    todo = corpus.missing_chunks(stage)[:max_chunks]
+    if not todo:
+        return 0
+    prompts = corpus.prompts(stage)
+    results: dict[int, dict[int, tuple[str, list[int], list[int]]]] = {n: {} for n in todo}
+    want = {n: len(prompts[n * size : (n + 1) * size]) for n in todo}
+    encoded: dict[int, list[int]] = {}
+
+    def items() -> Iterator[tuple[int, list[int], int]]:
+        for n in todo:
+            for i in range(n * size, n * size + want[n]):
+                ids = encoded[i] = encode(prompts[i][1])
+                room = min(budget, max_len - len(ids))
+                if room < 1:  # too long for this corpus: an empty answer keeps the chunk whole
+                    results[n][i] = (prompts[i][0], ids, [])
+                    continue
+                yield i, ids, room
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=sum(want.values()), desc=stage, unit="seq", disable=not progress, file=sys.stderr)
+    written, n_tok, t0 = 0, 0, time.perf_counter()
+
+    def flush() -> int:
+        done = [m for m in results if len(results[m]) == want[m]]
+        for m in done:
+            rows_m = results.pop(m)
+            _write_chunk(corpus.chunk_path(stage, m), [rows_m[j] for j in sorted(rows_m)])
+        return len(done)
+
+    try:
+        for i, resp in _answers(verifier, items(), max_len=max_len, rows=rows):
+            results[i // size][i] = (prompts[i][0], encoded.pop(i), resp)
+            n_tok += len(resp)
+            written += flush()
+            bar.update()
+            bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}", chunks=written)
+        written += flush()  # chunks whose last prompts were all too long
+    finally:
+        bar.close()
+    return written
+
+
+# ---- the bundled drafters' corpus: three stages -----------------------------------------------------------
+
+
+def build_default(
+    corpus_dir: str | os.PathLike[str],
+    verifier: Verifier,
+    *,
+    max_len: int = 768,
+    rows: int = 128,
+    max_chunks: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> Corpus:
+    """The corpus the bundled drafters train on (`specdec.trainsets`): "questions" (the verifier writes
+    instructions, 64 new tokens), "turn1" (code, templated chat and those instructions, 256), "turn2"
+    (follow-ups to chat answers of turn1, 256). A stage's prompts are fixed once the stage before it is
+    complete; `max_chunks` bounds the chunks this call generates (over all stages)."""
+    from specdec import trainsets as ts
+
+    c = Corpus.create(corpus_dir, verifier, max_len=max_len)
+    encode = functools.partial(encode_prompt, verifier)
+    tok = verifier.tokenizer
+    left = [max_chunks if max_chunks is not None else 1 << 30]
+
+    def run(stage: str) -> bool:  # True when the stage is complete
+        left[0] -= build_stage(
+            c, verifier, stage, encode=encode, rows=rows, max_chunks=left[0], progress=progress
+        )
+        return not c.missing_chunks(stage)
+
+    def answers(stage: str) -> dict[str, str]:
+        stops = verifier.eos_token_ids
+        return {
+            k: tok.decode([t for t in r.tolist() if t not in stops]).strip()
+            for k, r in c.responses(stage).items()
+        }
+
+    c.start_stage("questions", lambda: ts.stage_questions(seed=seed), budget=64, chunk_size=512)
+    if not run("questions") or left[0] <= 0:
+        return c
+    qs = [q for a in answers("questions").values() if (q := ts.parse_instruction(a))]
+    c.start_stage("turn1", lambda: ts.stage_turn1(qs, seed=seed), budget=256, chunk_size=512)
+    if not run("turn1") or left[0] <= 0:
+        return c
+    first = c.prompts("turn1")
+    got = answers("turn1")
+    c.start_stage(
+        "turn2",
+        lambda: ts.stage_turn2([(k, m, got[k]) for k, m in first], seed=seed),
+        budget=256,
+        chunk_size=512,
+    )
+    run("turn2")
+    return c
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    from specdec.api import load_verifier
+
+    p = argparse.ArgumentParser(prog="python -m specdec.train.corpus", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="verifier model (HF): short name or folder")
+    p.add_argument("--out", required=True, help="corpus folder (resumed when it exists)")
+    p.add_argument("--max-chunks", type=int, help="stop after generating this many chunks")
+    p.add_argument("--rows", type=int, default=128, help="sequences decoded together")
+    p.add_argument("--max-len", type=int, default=768, help="prompt + response positions at most")
+    args = p.parse_args(argv)
+    c = build_default(args.out, load_verifier("hf", args.model), max_len=args.max_len, rows=args.rows,
+                      max_chunks=args.max_chunks)  # fmt: skip
+    print(json.dumps(c.stats(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
