@@ -1,49 +1,48 @@
 #!/usr/bin/env bash
-# Reproduces the bundled drafter specdec/drafters/smollm2-135m-dflash on CPU (a GPU is faster: add
-# --device cuda to SHAPE below). Data (specdec.trainsets, seed 0; nothing from HumanEval or MT-Bench):
-#   set 1: 240 stdlib function signatures + docstrings and 160 templated chat instructions;
-#   set 2: 1132 more in a seeded mix: the other 232 stdlib functions, 400 stdlib methods and 500 chat
-#          instructions (more templates: arithmetic, extraction, reasoning, short code).
-# Both are answered greedily by SmolLM2-135M-Instruct itself (fp32, up to 192 new tokens) and its
-# layers 1,7,14,20,27,29 are captured teacher-forced, into one dataset folder (resumable).
-# Training runs in two stages: 2200 steps from scratch, then a warm restart (--init-from: same weights,
-# fresh optimizer, new warmup + cosine at a lower peak lr) for STEPS2 more.
-#   bash evals/train_smollm2_drafter.sh [WORK_DIR]     (from the repo root; STEPS=... / STEPS2=... change
-#   the stage lengths; STEPS2=0 stops after stage 1)
+# Reproduces the bundled drafter specdec/drafters/smollm2-135m-dflash: corpus, training, export. Every step
+# resumes where it stopped, so the script can be killed at any moment and run again (on another machine too:
+# the corpus is committed; only the training checkpoints in WORK_DIR are local).
+#   bash evals/train_smollm2_drafter.sh [WORK_DIR]      (from the repo root; default runs/train-smollm2)
+# Environment: MAX_CHUNKS=N generates at most N more corpus chunks and stops (0: train on what is there);
+# STEPS=N trains N steps (default: one epoch over the corpus); INIT=... the checkpoint to warm-start from
+# (default: the bundled weights; INIT=none starts from scratch). On a GPU add DEVICE=cuda.
+#
+# 1. Corpus (specdec.train.corpus, specdec.trainsets; nothing from HumanEval or MT-Bench, checked by word
+#    8-grams): SmolLM2-135M-Instruct answers greedily (fp32, up to 256 new tokens, continuous batching)
+#    3000 self-instruct requests ("questions"), then 18565 turn-1 prompts (10126 code prompts from the
+#    standard library and 46 installed packages, 8439 chat instructions incl. its own questions), then
+#    3000 follow-up turns to its chat answers ("turn2"), into evals/traindata/smollm2-135m.
+# 2. Training: features online from the verifier, 2 layers, block 8, draft vocabulary 8192 (the bundled
+#    shape, so the bundled weights warm-start it), AdamW lr 1e-3, 4% warmup then cosine, batch 8 x 48
+#    anchors, 64 sequences held out, seed 0.
+# 3. Export: the last checkpoint in bf16, public DFlash format, into the bundled folder.
 set -euo pipefail
 W=${1:-runs/train-smollm2}
-STEPS=${STEPS:-2200}
-STEPS2=${STEPS2:-2000}
+CORPUS=evals/traindata/smollm2-135m
+BUNDLED=specdec/drafters/smollm2-135m-dflash
 mkdir -p "$W"
-python - "$W" <<'PY'
-import sys
-from specdec.trainsets import write_more_prompts, write_prompts
-w = sys.argv[1]
-write_prompts(f"{w}/prompts.jsonl", n_code=240, n_chat=160)
-write_more_prompts(f"{w}/prompts-more.jsonl", after_code=240, after_chat=160, n_method=400, n_chat=500)
-PY
-DATA=(--verifier hf --model smollm2-135m --verifier-dtype float32 --max-new-tokens 192 --max-seq-len 640
-  --data-layer-ids 1,7,14,20,27,29 --data "$W/data" --out "$W/run")
-specdec train "${DATA[@]}" --prompts "$W/prompts.jsonl" --gen-batch-size 24 --build-only
-specdec train "${DATA[@]}" --prompts "$W/prompts-more.jsonl" --gen-batch-size 48 --build-only
-SHAPE=(--num-layers 2 --heads 9 --kv-heads 3 --head-dim 64 --intermediate-size 1536 --block-size 8
-  --draft-vocab 8192 --batch-size 4 --max-anchors 48 --holdout 16 --seed 0 --save-every 250)
-specdec train "${DATA[@]}" "${SHAPE[@]}" --steps "$STEPS" --lr 1.5e-3 --eval-every 550
-RUN="$W/run"
-if [ "$STEPS2" -gt 0 ]; then
-  DATA[-1]="$W/run2"  # --out of stage 2
-  specdec train "${DATA[@]}" "${SHAPE[@]}" --steps "$STEPS2" --lr 1e-3 --eval-every 500 \
-    --init-from "$W/run/checkpoint-$(printf %06d "$STEPS")"
-  RUN="$W/run2"
+if [ "${MAX_CHUNKS:-}" != "0" ]; then
+  python -m specdec.train.corpus --model smollm2-135m --out "$CORPUS" ${MAX_CHUNKS:+--max-chunks "$MAX_CHUNKS"}
 fi
-# ship in bf16, public DFlash format (CKPT=N exports checkpoint-N; default: the last one)
-python - "$RUN" "${CKPT:-}" <<'PY'
-import sys, torch
+INIT=${INIT:-$W/init}
+if [ "$INIT" = "$W/init" ] && [ ! -d "$W/init" ]; then
+  cp -r "$BUNDLED" "$W/init"  # the warm start, copied before the export below overwrites it
+fi
+ARGS=(--verifier hf --model smollm2-135m --data "$CORPUS" --out "$W/run"
+  --num-layers 2 --heads 9 --kv-heads 3 --head-dim 64 --intermediate-size 1536 --block-size 8
+  --target-layer-ids 1,7,14,20,27,29 --draft-vocab 8192 --batch-size 8 --max-anchors 48 --lr 1e-3
+  --holdout 64 --seed 0 --save-every 100 --eval-every 500 ${STEPS:+--steps "$STEPS"} ${DEVICE:+--device "$DEVICE"})
+[ "$INIT" != "none" ] && ARGS+=(--init-from "$INIT")
+specdec train "${ARGS[@]}"
+python - "$W/run" "$BUNDLED" <<'PY'
+import sys
 from pathlib import Path
+
+import torch
+
 from specdec.dflash import DFlashDrafter
-from specdec.api import BUNDLED_DIR
-run, step = Path(sys.argv[1]), sys.argv[2]
-ckpt = run / f"checkpoint-{int(step):06d}" if step else sorted(run.glob("checkpoint-*"))[-1]
-d = DFlashDrafter.from_pretrained(ckpt, dtype=torch.bfloat16)
-print(d.save_pretrained(BUNDLED_DIR / "smollm2-135m-dflash"))
+
+run, dest = Path(sys.argv[1]), Path(sys.argv[2])
+ckpt = sorted(run.glob("checkpoint-*"))[-1]
+print(DFlashDrafter.from_pretrained(ckpt, dtype=torch.bfloat16).save_pretrained(dest))
 PY

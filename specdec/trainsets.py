@@ -1,11 +1,16 @@
-"""Offline training prompt sets for drafters, disjoint from the eval sets (HumanEval, MT-Bench).
+"""Offline training prompts for drafters, disjoint from the eval sets (HumanEval, MT-Bench).
 
-Provenance:
-- `code`: signatures and docstrings of public functions in the running Python's standard library
-  (found with `inspect`), asked for as "complete this function" in the style of code benchmarks.
-- `chat`: instructions written from templates in this file crossed with topics in this file, drawn with
-  a seeded RNG. No text comes from any benchmark.
-The verifier writes the responses itself (see `specdec.train`), so a drafter learns its own target.
+Provenance (the stages of `specdec.train.corpus.build_default`):
+- code: signatures and the first docstring paragraph of documented public functions and methods of the
+  running Python's standard library and of 46 installed packages (`LIBRARIES`, found with `inspect`), asked
+  in one of four wordings (`CODE_INSTRUCTIONS`; one is the wording `specdec.evals` wraps HumanEval in).
+- chat: instructions from templates in this file (MT-Bench's kinds of task: writing, role play, reasoning,
+  maths, coding, extraction, STEM, humanities) crossed with topics in this file, drawn with a seeded RNG;
+  instructions the verifier writes itself when asked by persona x topic (self-instruct, "questions"); and
+  follow-up turns (`FOLLOW_UPS`) to its own answers. No text comes from any benchmark: any prompt sharing a
+  word 8-gram with a HumanEval problem or an MT-Bench turn is left out (`eval_ngrams`).
+The verifier writes the responses itself, so a drafter learns its own target. Prompt lists depend on the
+installed package versions, so a corpus fixes each stage's list once and commits it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import random
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 STDLIB_MODULES = (
@@ -195,69 +199,6 @@ def chat_prompts(
     return items
 
 
-def _write_rows(path: Path, rows: list[tuple[str, str, str]]) -> Path:
-    with open(path, "w") as f:
-        for rid, source, text in rows:
-            messages = [{"role": "user", "content": text}]
-            f.write(json.dumps({"id": rid, "source": source, "messages": messages}) + "\n")
-    return path
-
-
-def write_prompts(path: str | Path, *, n_code: int | None = None, n_chat: int = 600, seed: int = 0) -> Path:
-    """A JSONL of {"id", "source", "messages"} records, code first then chat."""
-    rows = [("code", p) for p in stdlib_code_prompts(n_code)]
-    rows += [("chat", p) for p in chat_prompts(n_chat, seed=seed)]
-    return _write_rows(Path(path), [(f"{src}-{i}", src, text) for i, (src, text) in enumerate(rows)])
-
-
-def write_more_prompts(
-    path: str | Path, *, after_code: int, after_chat: int, n_method: int, n_chat: int, seed: int = 0
-) -> Path:
-    """A second, disjoint set after `write_prompts(n_code=after_code, n_chat=after_chat, seed=seed)`:
-    the remaining stdlib functions, `n_method` stdlib methods, and `n_chat` instructions from all
-    templates (including the reasoning / math / extraction ones) that the first set does not hold,
-    interleaved in a seeded order so any prefix of the file mixes code and chat. Ids are
-    "more-<source>-<index within the source>", so both sets can share one dataset directory."""
-    sources = {
-        "code": stdlib_code_prompts()[after_code:],
-        "method": stdlib_method_prompts(n_method),
-        "chat": _second_chat(after_chat, n_chat, seed),
-    }
-    return _write_mixed(Path(path), "more", sources, seed)
-
-
-def write_third_prompts(
-    path: str | Path, *, first_chat: int, second_chat: int, n_code: int, n_chat: int, seed: int = 0
-) -> Path:
-    """A third set, disjoint from the first two (`write_prompts(n_chat=first_chat, seed=seed)` and
-    `write_more_prompts(after_chat=first_chat, n_chat=second_chat, seed=seed)`): `n_code` functions and
-    methods of STDLIB_MODULES_MORE (functions first, then methods, skipping any text the first two sets'
-    modules give) and `n_chat` instructions from all templates that neither chat set holds. Seeded
-    interleaving as in `write_more_prompts`; ids are "third-<source>-<index>"."""
-    earlier = set(chat_prompts(first_chat, seed=seed)) | set(_second_chat(first_chat, second_chat, seed))
-    known = set(stdlib_code_prompts()) | set(stdlib_method_prompts())
-    code = stdlib_code_prompts(modules=STDLIB_MODULES_MORE) + stdlib_method_prompts(
-        modules=STDLIB_MODULES_MORE
-    )
-    sources = {
-        "code": [p for p in code if p not in known][:n_code],
-        "chat": chat_prompts(n_chat, seed=seed + 2, templates=_ALL_TEMPLATES, exclude=earlier),
-    }
-    return _write_mixed(Path(path), "third", sources, seed)
-
-
-def _second_chat(first_chat: int, n_chat: int, seed: int) -> list[str]:
-    """The second set's instructions: all templates, none of the first set's `first_chat`."""
-    first = set(chat_prompts(first_chat, seed=seed))
-    return chat_prompts(n_chat, seed=seed + 1, templates=_ALL_TEMPLATES, exclude=first)
-
-
-def _write_mixed(path: Path, tag: str, sources: dict[str, list[str]], seed: int) -> Path:
-    rows = [(f"{tag}-{src}-{i}", src, text) for src, texts in sources.items() for i, text in enumerate(texts)]
-    random.Random(seed).shuffle(rows)  # any prefix of the file mixes the sources
-    return _write_rows(path, rows)
-
-
 # ---- the corpus at scale (issue: 20k sequences): libraries, more chat, self-instruct, two turns -----------
 
 #: installed packages whose public functions and methods become code prompts (beside the standard library);
@@ -321,34 +262,39 @@ def _library_modules(package: str) -> list[str]:
     return sorted(names)
 
 
+def _module_codes(mods: Sequence[Any], seen: set[tuple[str, str]], max_sig: int | None = None) -> list[str]:
+    """Code blocks (signature + first docstring paragraph) of the documented public functions and methods
+    that `mods` define, in a stable order; signatures already in `seen` (or longer than `max_sig`) skipped."""
+    codes = []
+    fits = lambda code, pad: max_sig is None or len(code.split("\n", 1)[0]) <= max_sig + pad  # noqa: E731
+    for mod in mods:
+        for attr, fn in _own_public(mod, inspect.isfunction):
+            code = _function_prompt(attr, fn, seen)
+            if code and fits(code, 0):
+                codes.append(code)
+        for cname, cls in _own_public(mod, inspect.isclass):
+            for attr, fn in sorted(vars(cls).items()):
+                if not attr.startswith("_") and inspect.isfunction(fn):
+                    code = _function_prompt(attr, fn, seen, indent="    ")
+                    if code and fits(code, 4):
+                        codes.append(f"class {cname}:\n{code}")
+    return codes
+
+
 def library_code_prompts(
-    packages: Sequence[str] = LIBRARIES, *, per_package: int = 600, seed: int = 0
+    packages: Sequence[str] = LIBRARIES, *, per_package: int = 600, seed: int = 0, exclude: Iterable[str] = ()
 ) -> list[tuple[str, str]]:
     """(source, prompt) for documented public functions and methods that `packages` define (at most
-    `per_package` each, drawn with a seeded RNG from the package's sorted list), skipping any signature the
-    standard-library sets already give. Signatures over 160 characters are left out."""
-    known = {p for p in stdlib_code_prompts() + stdlib_method_prompts()}
+    `per_package` each, drawn with a seeded RNG from the package's sorted list), none of the code blocks in
+    `exclude` (the standard library's), each asked in one of CODE_INSTRUCTIONS."""
+    skip = set(exclude)
     rng = random.Random(seed)
     out: list[tuple[str, str]] = []
     for package in packages:
-        found: list[str] = []
-        seen: set[tuple[str, str]] = set()
-        for mod in _modules(_library_modules(package)):
-            for attr, fn in _own_public(mod, inspect.isfunction):
-                code = _function_prompt(attr, fn, seen)
-                if code and len(code.split("\n", 1)[0]) <= 160:
-                    found.append(code)
-            for cname, cls in _own_public(mod, inspect.isclass):
-                for attr, fn in sorted(vars(cls).items()):
-                    if attr.startswith("_") or not inspect.isfunction(fn):
-                        continue
-                    code = _function_prompt(attr, fn, seen, indent="    ")
-                    if code and len(code.split("\n", 1)[0]) <= 164:
-                        found.append(f"class {cname}:\n{code}")
+        codes = _module_codes(_modules(_library_modules(package)), set(), max_sig=160)
+        found = [c for c in codes if c not in skip]
         for code in rng.sample(found, min(per_package, len(found))):
-            text = rng.choice(CODE_INSTRUCTIONS).format(code=code)
-            if text not in known:
-                out.append((package, text))
+            out.append((package, rng.choice(CODE_INSTRUCTIONS).format(code=code)))
     return out
 
 
@@ -562,21 +508,14 @@ def eval_ngrams(n: int = OVERLAP_N) -> set[tuple[str, ...]]:
 CHAT_SOURCES = ("chat", "chat1", "self")  # stage_turn1 sources that are conversations, not code
 
 
-def code_prompts_v2(*, seed: int = 0) -> list[tuple[str, str]]:
+def code_prompts_v2(*, packages: Sequence[str] = LIBRARIES, seed: int = 0) -> list[tuple[str, str]]:
     """(source, prompt): every documented public function and method of both standard-library module
-    lists, then `library_code_prompts`, each asked in one of CODE_INSTRUCTIONS (seeded)."""
+    lists, then `library_code_prompts` of `packages`, each asked in one of CODE_INSTRUCTIONS (seeded)."""
     rng = random.Random(seed)
     seen: set[tuple[str, str]] = set()
-    out = []
-    for mod in _modules(STDLIB_MODULES + STDLIB_MODULES_MORE):
-        codes = [_function_prompt(a, fn, seen) for a, fn in _own_public(mod, inspect.isfunction)]
-        for cname, cls in _own_public(mod, inspect.isclass):
-            for attr, fn in sorted(vars(cls).items()):
-                if not attr.startswith("_") and inspect.isfunction(fn):
-                    code = _function_prompt(attr, fn, seen, indent="    ")
-                    codes.append(code and f"class {cname}:\n{code}")
-        out += [("stdlib", rng.choice(CODE_INSTRUCTIONS).format(code=c)) for c in codes if c]
-    return out + library_code_prompts(seed=seed)
+    std = [c for mod in _modules(STDLIB_MODULES + STDLIB_MODULES_MORE) for c in _module_codes([mod], seen)]
+    out = [("stdlib", rng.choice(CODE_INSTRUCTIONS).format(code=c)) for c in std]
+    return out + library_code_prompts(packages, seed=seed, exclude=std)
 
 
 def stage_questions(n: int = 3000, *, seed: int = 0) -> list[tuple[str, list[dict[str, str]]]]:

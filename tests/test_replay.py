@@ -96,9 +96,9 @@ def test_failures_are_clear_and_early(tmp_path, capsys):
     verifier = StubVerifier()
     with pytest.raises(RuntimeError, match="not bound"):
         record(verifier, DFlashDrafter(make_model(stub_cfg())), [1, 2, 3], [4, 5])
-    with pytest.raises(ValueError, match="does not exist"):  # before any model is loaded
-        main(["--verifier", "stub", "--out", str(tmp_path / "missing" / "r.json")])
-    with pytest.raises(SystemExit):
-        main(["--verifier", "stub", "--drafter", "prompt-lookup"])
+    (tmp_path / "f").write_text("")
+    assert main(["--verifier", "stub", "--out", str(tmp_path / "f" / "r.json")]) == 2  # before any load
+    assert "is not a directory" in capsys.readouterr().err
+    assert main(["--verifier", "stub", "--drafter", "prompt-lookup"]) == 2
     assert "give a DFlash drafter" in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())  # nothing written
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]  # nothing written

@@ -1,7 +1,7 @@
 """Drafter training against the stub verifier: learning raises acceptance, chunked == unchunked (loss and
-gradients, and both == the model's own `train_logits`), 2-process data parallel == 1 process, resume ==
-uninterrupted, a warm start begins at its checkpoint, the dataset cache resumes without new work, soft
-labels line up, bad settings raise."""
+gradients, and both == the model's own `train_logits`), 2-process DDP == 1 process, resume == uninterrupted,
+a warm start begins at its checkpoint, online features are the verifier's own (batched HF == one by one),
+soft labels line up, bad settings raise."""
 
 from __future__ import annotations
 
@@ -21,15 +21,16 @@ from specdec.dflash import DFlashDrafter, DFlashDraftModel
 from specdec.engine import DecodeConfig, generate
 from specdec.train import (
     Batch,
+    TargetFeatures,
     TrainConfig,
     TrainData,
     acceptance_length,
     block_loss,
-    build_dataset,
+    build_from_prompts,
     collate,
     default_gamma,
     drafter_config,
-    load_heads,
+    load_prompts,
     position_weights,
     sample_anchors,
     train,
@@ -40,16 +41,6 @@ LAYERS = (1, 2)
 PROMPTS = [f"Prompt {i}: a few words on topic {i * 7}." for i in range(16)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The stub and the tiny drafter are far too small for intra-op threads; on a shared 2-core machine
-    threads only add contention (the dataset build runs ~5x faster on one)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def stub() -> StubVerifier:
     return StubVerifier()
@@ -57,17 +48,20 @@ def stub() -> StubVerifier:
 
 @pytest.fixture(scope="module")
 def data(stub: StubVerifier, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """16 stub prompts with 64 greedy response tokens each."""
-    out = tmp_path_factory.mktemp("data")
-    return build_dataset(
-        stub, PROMPTS, out, target_layer_ids=LAYERS, max_new_tokens=64, shard_size=6, progress=False
+    """A corpus of 16 stub prompts with 64 greedy response tokens each."""
+    root = tmp_path_factory.mktemp("data")
+    (root / "p.txt").write_text("\n".join(PROMPTS) + "\n")
+    build_from_prompts(
+        root / "corpus", stub, root / "p.txt", budget=64, max_len=256, chunk_size=6, progress=False
     )
+    return root / "corpus"
 
 
 def tiny(out: Path, **kw) -> TrainConfig:
     base = dict(
         num_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, block_size=8,
-        batch_size=4, max_anchors=16, lr=3e-3, out_dir=str(out), progress=False, seed=0,
+        target_layer_ids=LAYERS, batch_size=4, max_anchors=16, lr=3e-3, out_dir=str(out), progress=False,
+        seed=0,
     )  # fmt: skip
     base.update(kw)
     return TrainConfig(**base)
@@ -82,17 +76,16 @@ def log_rows(out: Path) -> list[dict]:
 
 def test_training_raises_acceptance(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
     cfg = tiny(tmp_path / "run", steps=200, log_every=25)
-    ckpt = train(None, data, cfg)
+    ckpt = train(stub, data, cfg)
     assert ckpt == tmp_path / "run" / "checkpoint-000200" and (ckpt / "model.safetensors").is_file()
-    prompts = [stub.tokenizer.encode(p) for p in PROMPTS[:8]]
+    prompts = [s.ids[: s.prompt_len].tolist() for s in TrainData(data).sequences[:8]]  # the corpus' own
     torch.manual_seed(0)
-    untrained = DFlashDraftModel(drafter_config(cfg, TrainData(data).index))
+    untrained = DFlashDraftModel(drafter_config(cfg, TrainData(data).verifier))
     tau0 = acceptance_length(stub, untrained, prompts, max_new_tokens=48)["acceptance_length"]
     tau1 = acceptance_length(stub, ckpt, prompts, max_new_tokens=48)["acceptance_length"]
     rows = log_rows(tmp_path / "run")
     curve = "\n".join(
-        f"step {r['step']:3d}  loss {r['loss_mean']:.2f}  acc {r['acc_mean']:.2f}  "
-        f"tf_tau {r['tf_tau_mean']:.2f}"
+        f"step {r['step']:3d}  loss {r['loss_mean']:.2f}  acc {r['acc_mean']:.2f}  tf {r['tf_tau_mean']:.2f}"
         for r in rows
     )
     print(f"\n{curve}\nacceptance length untrained {tau0:.2f} -> trained {tau1:.2f}")
@@ -100,7 +93,7 @@ def test_training_raises_acceptance(stub: StubVerifier, data: Path, tmp_path: Pa
     assert tau1 > tau0 + 0.5, (tau0, tau1)
 
 
-def test_held_out_evaluation_with_the_verifier(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
+def test_held_out_evaluation(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
     cfg = tiny(tmp_path, steps=4, holdout=2, eval_every=2, eval_prompts=1, eval_max_new_tokens=16)
     train(stub, data, cfg)
     evals = [r for r in log_rows(tmp_path) if "eval" in r]
@@ -112,24 +105,28 @@ def test_held_out_evaluation_with_the_verifier(stub: StubVerifier, data: Path, t
 # ---- the loss ---------------------------------------------------------------------------------------------
 
 
-def _model_and_batch(data: Path, *, seed: int = 0) -> tuple[DFlashDraftModel, Batch, object, object]:
+def _model_and_batch(stub, data: Path, *, seed: int = 0) -> tuple[DFlashDraftModel, Batch, object, object]:
     cfg = tiny(Path("unused"))
-    dcfg = drafter_config(cfg, TrainData(data).index)
+    td = TrainData(data)
     torch.manual_seed(seed)
-    model = DFlashDraftModel(dcfg)
+    model = DFlashDraftModel(drafter_config(cfg, td.verifier))
     with torch.no_grad():  # non-trivial norms so a misplaced one shows
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1 + 0.2 * torch.randn_like(p))
-    td = TrainData(data)
     idx = [0, 5]
     anchors = [
-        sample_anchors(td.sequences[i]["prompt_len"], td.sequences[i]["length"], 8, n, 7)
+        sample_anchors(td.sequences[i].prompt_len, len(td.sequences[i].ids), 8, n, 7)
         for i, n in zip(idx, (12, 9))
     ]
-    batch = collate(td, idx, anchors, device=torch.device("cpu"))
-    embed_fn, head_fn = load_heads(data, device=torch.device("cpu"))
-    return model, batch, embed_fn, head_fn
+    cpu = torch.device("cpu")
+    batch = collate(td, idx, anchors, features=TargetFeatures(stub, LAYERS), device=cpu)
+    return (
+        model,
+        batch,
+        stub.embed_fn(device=cpu, dtype=torch.float32),
+        stub.lm_head_fn(device=cpu, dtype=torch.float32),
+    )
 
 
 def _loss_and_grads(model, batch, embed_fn, head_fn, chunk):
@@ -140,8 +137,8 @@ def _loss_and_grads(model, batch, embed_fn, head_fn, chunk):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, r
 
 
-def test_chunked_equals_unchunked_and_train_logits(data: Path) -> None:
-    model, batch, embed_fn, head_fn = _model_and_batch(data)
+def test_chunked_equals_unchunked_and_train_logits(stub, data: Path) -> None:
+    model, batch, embed_fn, head_fn = _model_and_batch(stub, data)
     l_all, g_all, r_all = _loss_and_grads(model, batch, embed_fn, head_fn, None)
     l_chk, g_chk, r_chk = _loss_and_grads(model, batch, embed_fn, head_fn, 5)  # 12 anchors -> 3 chunks
     torch.testing.assert_close(l_chk, l_all, rtol=1e-5, atol=1e-6)
@@ -149,9 +146,7 @@ def test_chunked_equals_unchunked_and_train_logits(data: Path) -> None:
         torch.testing.assert_close(g_chk[n], g_all[n], rtol=1e-4, atol=1e-6, msg=n)
     assert r_chk["correct"] == r_all["correct"] and r_chk["accept_sum"] == r_all["accept_sum"]
     # reference: the model's own training forward, loss written out by hand
-    logits = model.train_logits(
-        batch.features.float(), batch.ids, batch.anchors, embed_fn, head_fn
-    )  # [B,A,bs,V]
+    logits = model.train_logits(batch.features, batch.ids, batch.anchors, embed_fn, head_fn)  # [B,A,bs,V]
     tpos = (batch.anchors[:, :, None] + torch.arange(1, 8)).clamp(max=batch.ids.shape[1] - 1)
     labels = torch.gather(batch.ids, 1, tpos.flatten(1)).view_as(tpos)
     nll = F.cross_entropy(logits[:, :, 1:].flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
@@ -173,19 +168,81 @@ def test_anchors_only_where_a_full_block_of_response_exists() -> None:
     assert len(sample_anchors(prompt_len=10, length=16, block_size=8, max_anchors=5, seed=0)) == 0
 
 
+# ---- features ---------------------------------------------------------------------------------------------
+
+
+def test_features_are_the_verifiers_own(stub: StubVerifier, data: Path) -> None:
+    td = TrainData(data)
+    idx = [3, 0, 7]
+    batch = collate(
+        td, idx, [torch.tensor([5])] * 3, features=TargetFeatures(stub, LAYERS), device=torch.device("cpu")
+    )
+    for b, i in enumerate(idx):
+        ids = td.sequences[i].ids.tolist()
+        stub.set_target_layers(LAYERS)
+        stub.reset()
+        stub.prefill(ids)
+        want = stub.features(len(ids), device=torch.device("cpu"), dtype=torch.float32)
+        torch.testing.assert_close(batch.features[b, : len(ids)], want)
+    stub.set_target_layers(())
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_hf_batched_features_equal_one_by_one(tmp_path: Path, family: str) -> None:
+    pytest.importorskip("transformers")
+    from tinymodels import tiny_gemma3, tiny_llama
+
+    from specdec.verifiers.hf import HFVerifier
+
+    v = HFVerifier((tiny_llama if family == "llama" else tiny_gemma3)(tmp_path / "m"))  # gemma3: window 16
+    g = torch.Generator().manual_seed(0)
+    lengths = [40, 13, 27]
+    ids = torch.zeros(3, 40, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        ids[b, :n] = torch.randint(3, 300, (n,), generator=g)
+    layers = (0, 2, 3)
+    feats, lp, ti = TargetFeatures(v, layers, topk=4)(ids, lengths, device=torch.device("cpu"))
+    for b, n in enumerate(lengths):
+        v.set_target_layers(layers)
+        v.reset()
+        seen = []
+        v.verify(ids[b, :n].tolist(), sample=lambda x, seen=seen: seen.append(x) or x.argmax(-1).tolist())
+        want = v.features(n, device=torch.device("cpu"), dtype=torch.float32)
+        torch.testing.assert_close(feats[b, :n], want, rtol=1e-4, atol=1e-4)
+        top = torch.log_softmax(seen[0].float(), -1).topk(4, dim=-1)
+        torch.testing.assert_close(lp[b, :n], top.values, rtol=1e-4, atol=1e-4)
+        assert torch.equal(ti[b, :n, 0], top.indices[:, 0])
+
+
+def test_kl_soft_labels(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
+    td = TrainData(data)
+    batch = collate(td, [0, 1], [torch.tensor([9])] * 2, features=TargetFeatures(stub, LAYERS, topk=8),
+                    device=torch.device("cpu"))  # fmt: skip
+    for b in range(2):
+        s = td.sequences[b]
+        resp = range(
+            s.prompt_len - 1, len(s.ids) - 1
+        )  # greedy answers: the top-1 after p is the token at p+1
+        assert [int(batch.topk_ids[b, p, 0]) for p in resp] == [int(s.ids[p + 1]) for p in resp]
+    train(stub, data, tiny(tmp_path / "run", steps=2, batch_size=3, kl_weight=0.5))
+    assert all(r["loss"] > 0 for r in log_rows(tmp_path / "run"))
+
+
 # ---- data parallel, resume --------------------------------------------------------------------------------
 
 
 def _cli_args(data: Path, out: Path) -> list[str]:
     return [
-        "--data", str(data), "--out", str(out), "--steps", "3", "--num-layers", "1", "--heads", "4",
-        "--kv-heads", "2", "--intermediate-size", "128", "--block-size", "8", "--batch-size", "4",
-        "--max-anchors", "16", "--lr", "3e-3", "--no-progress",
+        "--verifier", "stub", "--data", str(data), "--out", str(out), "--steps", "3", "--num-layers", "1",
+        "--heads", "4", "--kv-heads", "2", "--intermediate-size", "128", "--block-size", "8",
+        "--target-layer-ids", "1,2", "--batch-size", "4", "--max-anchors", "16", "--lr", "3e-3",
+        "--no-progress",
     ]  # fmt: skip
 
 
-def test_ddp_two_processes_equal_one(data: Path, tmp_path: Path) -> None:
-    single = train(None, data, tiny(tmp_path / "one", steps=3, lr=3e-3))
+def test_ddp_two_processes_equal_one(stub, data: Path, tmp_path: Path) -> None:
+    single = train(stub, data, tiny(tmp_path / "one", steps=3, lr=3e-3))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "specdec.train", *_cli_args(data, tmp_path / "two")]  # fmt: skip
@@ -204,12 +261,11 @@ def test_ddp_two_processes_equal_one(data: Path, tmp_path: Path) -> None:
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-3, atol=1e-5, msg=k)
 
 
-def test_resume_continues_identically(data: Path, tmp_path: Path) -> None:
-    cfg_a = tiny(tmp_path / "a", steps=6, save_every=3)
-    train(None, data, cfg_a)
+def test_resume_continues_identically(stub, data: Path, tmp_path: Path) -> None:
+    train(stub, data, tiny(tmp_path / "a", steps=6, save_every=3))
     (tmp_path / "b").mkdir()
     shutil.copytree(tmp_path / "a" / "checkpoint-000003", tmp_path / "b" / "checkpoint-000003")
-    train(None, data, tiny(tmp_path / "b", steps=6, save_every=3))
+    train(stub, data, tiny(tmp_path / "b", steps=6, save_every=3))
     a, b = log_rows(tmp_path / "a"), log_rows(tmp_path / "b")
     assert [r["step"] for r in b] == [4, 5, 6]
     for ra, rb in zip(a[3:], b):
@@ -221,10 +277,10 @@ def test_resume_continues_identically(data: Path, tmp_path: Path) -> None:
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_init_from_starts_from_the_checkpoint(data: Path, tmp_path: Path) -> None:
-    first = train(None, data, tiny(tmp_path / "a", steps=30))
+def test_init_from_starts_from_the_checkpoint(stub, data: Path, tmp_path: Path) -> None:
+    first = train(stub, data, tiny(tmp_path / "a", steps=30))
     # a learning rate too small to move the weights: the run ends where the checkpoint started it
-    train(None, data, tiny(tmp_path / "b", steps=2, lr=1e-12, init_from=str(first)))
+    train(stub, data, tiny(tmp_path / "b", steps=2, lr=1e-12, init_from=str(first)))
     from safetensors.torch import load_file
 
     wa = load_file(first / "model.safetensors")
@@ -234,123 +290,27 @@ def test_init_from_starts_from_the_checkpoint(data: Path, tmp_path: Path) -> Non
     a, b = log_rows(tmp_path / "a"), log_rows(tmp_path / "b")
     assert b[0]["loss"] < a[0]["loss"]  # same first batch, trained weights
     with pytest.raises(ValueError, match=r"differs from this run's in .*'num_hidden_layers'"):
-        train(None, data, tiny(tmp_path / "c", num_layers=2, steps=1, init_from=str(first)))
+        train(stub, data, tiny(tmp_path / "c", num_layers=2, steps=1, init_from=str(first)))
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        train(None, data, tiny(tmp_path / "c", steps=1, init_from=str(tmp_path / "missing")))
+        train(stub, data, tiny(tmp_path / "c", steps=1, init_from=str(tmp_path / "missing")))
     assert not (tmp_path / "c").exists()  # refused before anything is written
 
 
-# ---- dataset ----------------------------------------------------------------------------------------------
+# ---- corpus from a prompt file ----------------------------------------------------------------------------
 
 
-def test_dataset_layout_and_cache_resume(
-    stub: StubVerifier, data: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    td = TrainData(data)
-    assert len(td) == 16 and len(td.index["shards"]) == 3  # shard_size 6
-    s = td.sequences[3]
-    ids, feats = td.get(3, "ids"), td.get(3, "features")
-    assert ids.dtype == torch.int32 and feats.dtype == torch.bfloat16
-    assert ids.shape == (s["length"],) and feats.shape == (s["length"], len(LAYERS) * stub.hidden_size)
-    assert ids[: s["prompt_len"]].tolist() == stub.tokenizer.encode(PROMPTS[3])
-    # teacher-forced features are the verifier's own
-    stub.set_target_layers(LAYERS)
-    stub.reset()
-    stub.prefill(ids.tolist())
-    torch.testing.assert_close(
-        feats, stub.features(len(ids), device=torch.device("cpu"), dtype=torch.bfloat16)
-    )
-    stub.set_target_layers(())
-    # the second call does no work
-    before = (data / "index.json").read_text()
-    mtimes = {p.name: p.stat().st_mtime_ns for p in data.iterdir()}
-
-    def boom(*a, **k):
-        raise AssertionError("the cached dataset was recomputed")
-
-    monkeypatch.setattr(stub, "prefill", boom)
-    monkeypatch.setattr(stub, "verify", boom)
-    build_dataset(
-        stub, PROMPTS, data, target_layer_ids=LAYERS, max_new_tokens=64, shard_size=6, progress=False
-    )
-    assert (data / "index.json").read_text() == before
-    assert {p.name: p.stat().st_mtime_ns for p in data.iterdir()} == mtimes
-    with pytest.raises(ValueError, match="other settings"):
-        build_dataset(stub, PROMPTS, data, target_layer_ids=(0, 2), max_new_tokens=64, progress=False)
-
-
-def test_partial_build_resumes(stub: StubVerifier, tmp_path: Path) -> None:
-    build_dataset(
-        stub, PROMPTS[:6], tmp_path, target_layer_ids=(3,), max_new_tokens=8, max_prompts=2, progress=False
-    )
-    assert [s["id"] for s in TrainData(tmp_path).sequences] == ["0", "1"]
-    calls = []
-    real = stub.prefill
-    stub.prefill = lambda toks, **kw: calls.append(len(toks)) or real(toks, **kw)
-    try:
-        build_dataset(stub, PROMPTS[:6], tmp_path, target_layer_ids=(3,), max_new_tokens=8, progress=False)
-    finally:
-        del stub.prefill
-    assert [s["id"] for s in TrainData(tmp_path).sequences] == [str(i) for i in range(6)]
-    # each new prompt: one prefill in its generation, one teacher-forced pass
-    assert len(calls) == 2 * 4
-
-
-def test_sampled_responses_are_seeded(stub: StubVerifier, tmp_path: Path) -> None:
-    kw = dict(target_layer_ids=(3,), max_new_tokens=12, temperature=1.0, progress=False)
-    a = TrainData(build_dataset(stub, PROMPTS[:2], tmp_path / "a", seed=5, **kw))
-    b = TrainData(build_dataset(stub, PROMPTS[:2], tmp_path / "b", seed=5, **kw))
-    c = TrainData(build_dataset(stub, PROMPTS[:2], tmp_path / "c", seed=6, **kw))
-    g = TrainData(build_dataset(stub, PROMPTS[:2], tmp_path / "g", **{**kw, "temperature": 0.0}))
-    ids = [[d.get(i, "ids").tolist() for i in range(2)] for d in (a, b, c, g)]
-    assert ids[0] == ids[1] and ids[0] != ids[2] and ids[0] != ids[3]
-
-
-def test_prompt_file_formats_and_skips(stub: StubVerifier, tmp_path: Path) -> None:
+def test_prompt_file_formats(tmp_path: Path) -> None:
     jsonl = tmp_path / "p.jsonl"
     rows = [{"id": "a", "messages": [{"role": "user", "content": "hi"}]}, {"id": "b", "text": "x" * 40}]
     jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    out = build_dataset(
-        stub, jsonl, tmp_path / "d", target_layer_ids=(3,), max_new_tokens=4, max_seq_len=30, progress=False
-    )
-    td = TrainData(out)
-    assert [s["id"] for s in td.sequences] == ["a"] and "b" in td.index["skipped"]  # 41 tokens > max_seq_len
-    assert td.sequences[0]["length"] <= 30
+    assert load_prompts(jsonl) == [("a", rows[0]["messages"]), ("b", [{"role": "user", "content": "x" * 40}])]
     txt = tmp_path / "p.txt"
     txt.write_text("first\n\nsecond\n")
-    from specdec.train import load_prompts
-
-    assert load_prompts(txt) == [("0", "first"), ("2", "second")]
-
-
-def test_heads_match_the_verifier(stub: StubVerifier, data: Path) -> None:
-    embed_fn, head_fn = load_heads(data, device=torch.device("cpu"))
-    ids = torch.randint(0, stub.vocab_size, (3, 5))
-    h = torch.randn(7, stub.hidden_size)
-    cpu, f32 = torch.device("cpu"), torch.float32
-    torch.testing.assert_close(embed_fn(ids), stub.embed_fn(device=cpu, dtype=f32)(ids))
-    torch.testing.assert_close(head_fn(h), stub.lm_head_fn(device=cpu, dtype=f32)(h), rtol=1e-4, atol=1e-4)
-
-
-def test_kl_soft_labels(stub: StubVerifier, tmp_path: Path) -> None:
-    out = build_dataset(
-        stub,
-        PROMPTS[:3],
-        tmp_path / "d",
-        target_layer_ids=(1, 2),
-        max_new_tokens=24,
-        kl_topk=8,
-        progress=False,
-    )
-    td = TrainData(out)
-    for i, s in enumerate(td.sequences):
-        ids, top = td.get(i, "ids"), td.get(i, "topk_ids")
-        # greedy responses: the verifier's top-1 after position p is the token at p+1
-        resp = range(s["prompt_len"] - 1, s["length"] - 1)
-        assert [int(top[p, 0]) for p in resp] == [int(ids[p + 1]) for p in resp]
-    cfg = tiny(tmp_path / "run", steps=2, batch_size=3, kl_weight=0.5)
-    train(None, out, cfg)
-    assert all(r["loss"] > 0 for r in log_rows(tmp_path / "run"))
+    assert load_prompts(txt) == [("0", [{"role": "user", "content": "first"}]),
+                                 ("2", [{"role": "user", "content": "second"}])]  # fmt: skip
+    (tmp_path / "bad.jsonl").write_text('{"id": 1, "messages": [{"role": "user"}]}\n')
+    with pytest.raises(ValueError, match="content must be a string"):
+        load_prompts(tmp_path / "bad.jsonl")
 
 
 # ---- errors -----------------------------------------------------------------------------------------------
@@ -362,63 +322,44 @@ def test_kl_soft_labels(stub: StubVerifier, tmp_path: Path) -> None:
         ({"block_size": 1}, "block_size"),
         ({"lr": 0}, "lr"),
         ({"attn_chunk": 0}, "attn_chunk"),
-        ({"dtype": "float16"}, "dtype"),
         ({"max_anchors": 0}, "max_anchors"),
         ({"steps": 0}, "steps"),
         ({"warmup_ratio": 1.0}, "warmup_ratio"),
+        ({"max_sequences": 0}, "max_sequences"),
     ],
 )
-def test_bad_config_raises(kw: dict, match: str, data: Path, tmp_path: Path) -> None:
+def test_bad_config_raises(kw: dict, match: str, stub, data: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=match):
-        train(None, data, tiny(tmp_path, **kw))
+        train(stub, data, tiny(tmp_path, **kw))
 
 
 def test_bad_settings_against_the_data(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="not captured"):
-        train(None, data, tiny(tmp_path, target_layer_ids=(0,)))
-    with pytest.raises(ValueError, match="kl_topk"):
-        train(None, data, tiny(tmp_path, kl_weight=1.0))
-    with pytest.raises(ValueError, match="fewer than batch_size"):
-        train(None, data, tiny(tmp_path, batch_size=16, holdout=4))
-    with pytest.raises(ValueError, match="mask_token_id"):
-        train(None, data, tiny(tmp_path, mask_token_id=stub.vocab_size))
-    with pytest.raises(ValueError, match="not the one"):
-        train(StubVerifier(StubVerifier().cfg.__class__(seed=1)), data, tiny(tmp_path))
     with pytest.raises(ValueError, match="target_layer_ids"):
-        build_dataset(stub, PROMPTS, tmp_path / "x", target_layer_ids=(9,), progress=False)
-    with pytest.raises(FileNotFoundError, match="not a specdec training dataset"):
-        train(None, tmp_path / "nothing", tiny(tmp_path))
-
-
-@pytest.mark.hf
-def test_hf_batched_generate_matches_engine(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
-    from tinymodels import tiny_llama
-
-    from specdec.engine import DecodeConfig, generate
-    from specdec.train import _generate_hf
-    from specdec.verifiers.hf import HFVerifier
-
-    v = HFVerifier(tiny_llama(tmp_path / "llama"))
-    prompts = [[1, 5, 9, 13], [1, 7], [1, 20, 30, 40, 50, 60]]
-    batched = _generate_hf(v, prompts, [12, 12, 12], temperature=0.0, seed=0)
-    for p, got in zip(prompts, batched):
-        want = generate(v, p, cfg=DecodeConfig(max_new_tokens=12, block_size=1)).output_tokens
-        assert got == want
+        train(stub, data, tiny(tmp_path, target_layer_ids=(9,)))
+    with pytest.raises(ValueError, match="fewer than batch_size"):
+        train(stub, data, tiny(tmp_path, batch_size=16, holdout=4))
+    with pytest.raises(ValueError, match="mask_token_id"):
+        train(stub, data, tiny(tmp_path, mask_token_id=stub.vocab_size))
+    with pytest.raises(ValueError, match="not the one"):
+        train(StubVerifier(StubVerifier().cfg.__class__(hidden_size=32)), data, tiny(tmp_path))
+    with pytest.raises(ValueError, match="no stages"):
+        train(stub, data, tiny(tmp_path, stages=("turn9",)))
+    with pytest.raises(FileNotFoundError, match="not a corpus"):
+        train(stub, tmp_path / "nothing", tiny(tmp_path))
+    assert not any(tmp_path.iterdir())
 
 
 def test_draft_vocabulary_training(stub: StubVerifier, data: Path, tmp_path: Path) -> None:
     """--draft-vocab K: the drafter reads out the K ids most written in the training responses (ties by
     prompt count, then id), learns on them, and is stored with them; it then drafts only those ids."""
     cfg = tiny(tmp_path / "run", steps=60, draft_vocab_size=24, log_every=20)
-    ckpt = train(None, data, cfg)
+    ckpt = train(stub, data, cfg)
     d = TrainData(data)
     resp: Counter[int] = Counter()
     prompt: Counter[int] = Counter()
-    for i, s in enumerate(d.sequences):
-        ids = d.get(i, "ids").tolist()
-        resp.update(ids[s["prompt_len"] :])
-        prompt.update(ids[: s["prompt_len"]])
+    for s in d.sequences:
+        resp.update(s.ids[s.prompt_len :].tolist())
+        prompt.update(s.ids[: s.prompt_len].tolist())
     mask = stub.vocab_size - 1
     ranked = sorted((t for t in range(stub.vocab_size) if t != mask), key=lambda t: (-resp[t], -prompt[t], t))
     drafter = DFlashDrafter.from_pretrained(ckpt)
@@ -426,7 +367,7 @@ def test_draft_vocabulary_training(stub: StubVerifier, data: Path, tmp_path: Pat
     rows = log_rows(tmp_path / "run")
     assert rows[-1]["acc_mean"] > rows[0]["acc_mean"]
     drafter.bind(stub)
-    prompt_ids = stub.tokenizer.encode(PROMPTS[0])
+    prompt_ids = d.sequences[0].ids[: d.sequences[0].prompt_len].tolist()
     base = generate(stub, prompt_ids, cfg=DecodeConfig(max_new_tokens=32, block_size=1))
     spec = generate(stub, prompt_ids, drafter=drafter, cfg=DecodeConfig(max_new_tokens=32, block_size=8))
     assert spec.output_tokens == base.output_tokens
@@ -434,20 +375,20 @@ def test_draft_vocabulary_training(stub: StubVerifier, data: Path, tmp_path: Pat
     # a warm start on other training data keeps the ids the checkpoint learned, where a cold start on
     # that data picks others
     other = dict(steps=1, draft_vocab_size=24, holdout=6, seed=1)
-    cold = DFlashDrafter.from_pretrained(train(None, data, tiny(tmp_path / "cold", **other)))
+    cold = DFlashDrafter.from_pretrained(train(stub, data, tiny(tmp_path / "cold", **other)))
     warm = DFlashDrafter.from_pretrained(
-        train(None, data, tiny(tmp_path / "warm", init_from=str(ckpt), **other))
+        train(stub, data, tiny(tmp_path / "warm", init_from=str(ckpt), **other))
     )
     assert cold.model.draft_vocab.tolist() != drafter.model.draft_vocab.tolist()
     assert warm.model.draft_vocab.tolist() == drafter.model.draft_vocab.tolist()
     first = log_rows(tmp_path / "warm")[0]  # the warm start is evaluated before its first step
     assert first["step"] == 0 and first["eval"]["acc"] > 0
     with pytest.raises(ValueError, match="draft_vocab"):
-        train(None, data, tiny(tmp_path / "x", init_from=str(ckpt), steps=1, draft_vocab_size=20))
+        train(stub, data, tiny(tmp_path / "x", init_from=str(ckpt), steps=1, draft_vocab_size=20))
     with pytest.raises(ValueError, match="draft_vocab_size"):
-        train(None, data, tiny(tmp_path / "x", draft_vocab_size=0))
+        train(stub, data, tiny(tmp_path / "x", draft_vocab_size=0))
     with pytest.raises(ValueError, match="below the vocabulary size"):
-        train(None, data, tiny(tmp_path / "x", draft_vocab_size=stub.vocab_size))
+        train(stub, data, tiny(tmp_path / "x", draft_vocab_size=stub.vocab_size))
     with pytest.raises(ValueError, match="kl_weight > 0 with a draft_vocab_size"):
-        train(None, data, tiny(tmp_path / "x", draft_vocab_size=24, kl_weight=1.0))
+        train(stub, data, tiny(tmp_path / "x", draft_vocab_size=24, kl_weight=1.0))
     assert not (tmp_path / "x").exists()  # refused before anything is written

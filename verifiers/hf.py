@@ -322,6 +322,39 @@ class HFVerifier:
     def memory_probe(self) -> MemoryProbe:
         return probe_for_module(self.model)
 
+    @torch.no_grad()  # not inference_mode: the features go on into autograd (the drafter's fc)
+    def batch_features(
+        self, ids: torch.Tensor, layer_ids: Sequence[int], *, topk: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Teacher-forced features of a batch, for training: ids [B, T] right-padded (causal attention, so
+        a sequence never sees the padding after it) -> features [B, T, K*H] of `layer_ids` (as `features`
+        gives them), and with `topk` the log-probs [B, T, k] and ids [B, T, k] of the verifier's top-k next
+        tokens at every position. Leaves the verifier's cache alone. Without `topk` the LM head is skipped."""
+        ids_ = check_layer_ids(layer_ids, self.num_layers, self.model_name)
+        got: dict[int, torch.Tensor] = {}
+
+        def tap(i: int):
+            def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+                got[i] = output[0] if isinstance(output, tuple) else output  # [B, T, H]
+
+            return hook
+
+        hooks = [self._layers[i].register_forward_hook(tap(i)) for i in sorted(set(ids_))]
+        try:
+            x = ids.to(self.device)
+            if topk:
+                logits = self.model(input_ids=x, use_cache=False).logits  # [B, T, V], soft-capped
+                top = torch.log_softmax(logits.float(), -1).topk(topk, dim=-1)
+            else:
+                self.model.model(input_ids=x, use_cache=False)
+        finally:
+            for h in hooks:
+                h.remove()
+        feats = torch.cat([got[i] for i in ids_], -1)  # [B, T, K*H]
+        if not topk:
+            return feats, None, None
+        return feats, top.values, top.indices
+
     def generate_many(
         self, items: Iterable[tuple[Any, Sequence[int], int]], *, max_len: int, rows: int = 128
     ) -> Iterator[tuple[Any, list[int]]]:

@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from specdec.chat import encode_prompt
+from specdec.chat import check_messages, encode_prompt
 from specdec.protocols import Verifier
 from specdec.records import atomic_write_bytes
 
-__all__ = ["Corpus", "TrainSequence", "build_stage"]
+__all__ = ["Corpus", "TrainSequence", "build_default", "build_from_prompts", "build_stage", "load_prompts"]
 
 FORMAT = "specdec-corpus"
 VERSION = 1
@@ -134,11 +134,12 @@ class Corpus:
     # ---- reading ---------------------------------------------------------------------------------------
 
     def sequences(self, stage: str) -> Iterator[TrainSequence]:
-        """The finished sequences of `stage`, chunk by chunk (missing chunks are skipped)."""
+        """The finished sequences of `stage`, chunk by chunk, up to the first chunk still missing (so the
+        first N sequences stay the same while a build goes on)."""
         for n in range(self.n_chunks(stage)):
             p = self.chunk_path(stage, n)
             if not p.is_file():
-                continue
+                return
             with np.load(p) as z:
                 keys, plen, rlen = z["keys"], z["prompt_len"], z["response_len"]
                 prompt, response = z["prompt"], z["response"]
@@ -249,6 +250,60 @@ def build_stage(
     finally:
         bar.close()
     return written
+
+
+# ---- a prompt file as a one-stage corpus (`specdec train --prompts`) -------------------------------------
+
+
+def load_prompts(path: str | os.PathLike[str]) -> list[tuple[str, Messages]]:
+    """(key, chat messages) from a JSONL of {"id"?, "messages"} or {"id"?, "text"} records, or from plain
+    text (one prompt per non-empty line, taken as a user message). Keys default to the line number."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    jsonl = path.suffix == ".jsonl" or (bool(lines) and lines[0].lstrip().startswith("{"))
+    out: list[tuple[str, Messages]] = []
+    for n, line in enumerate(lines):
+        if not line.strip():
+            continue
+        if not jsonl:
+            out.append((str(n), [{"role": "user", "content": line}]))
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n + 1}: not valid JSON ({e})") from None
+        if "messages" in rec:
+            messages = rec["messages"]
+        elif "text" in rec:
+            messages = [{"role": "user", "content": str(rec["text"])}]
+        else:
+            raise ValueError(f"{path}:{n + 1}: a record needs 'messages' or 'text' (found {sorted(rec)})")
+        out.append((str(rec.get("id", n)), check_messages(messages)))
+    keys = [k for k, _ in out]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{path}: prompt ids must be unique ({len(keys) - len(set(keys))} repeated)")
+    return out
+
+
+def build_from_prompts(
+    corpus_dir: str | os.PathLike[str],
+    verifier: Verifier,
+    prompts: str | os.PathLike[str],
+    *,
+    budget: int = 512,
+    max_len: int = 3072,
+    chunk_size: int = 256,
+    rows: int = 128,
+    progress: bool = True,
+) -> Corpus:
+    """A corpus with one stage, "prompts": the verifier's answers to a prompt file (`load_prompts`)."""
+    c = Corpus.create(corpus_dir, verifier, max_len=max_len)
+    c.start_stage("prompts", lambda: load_prompts(prompts), budget=budget, chunk_size=chunk_size)
+    build_stage(c, verifier, "prompts", encode=functools.partial(encode_prompt, verifier), rows=rows,
+                progress=progress)  # fmt: skip
+    return c
 
 
 # ---- the bundled drafters' corpus: three stages -----------------------------------------------------------

@@ -1,0 +1,565 @@
+"""The training loop: config, schedule, data parallel, held-out evaluation, checkpoints and resume.
+
+`train(verifier, corpus_dir, cfg)` trains a DFlash drafter on a corpus (`specdec.train.corpus`), the
+verifier computing each batch's features (`specdec.train.features`) and lending its frozen embedding and LM
+head. AdamW, warmup + cosine, grad clip; public-format checkpoints (`checkpoint-NNNNNN/`: config.json +
+model.safetensors, plus optimizer / scheduler / step in `trainer_state.pt`), resumed from the latest one;
+`train_log.jsonl`. Held out: teacher-forced top-1 accuracy and acceptance length (1 + the leading run of
+correct positions per anchor) on held-out sequences, and the real mean acceptance length of the engine
+with the drafter on held-out prompts.
+
+Data parallel: under torchrun (env RANK / WORLD_SIZE) the loss runs inside torch's
+DistributedDataParallel (gloo on CPU, nccl on CUDA), each rank taking a slice of the global batch and
+computing its features with its own verifier. The loss is normalised by the global weight sum (times the
+world size, which DDP's gradient averaging divides out), so 1 and N processes take the same steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.checkpoint import DFlashConfig, load_checkpoint, load_config, save_checkpoint
+from specdec.protocols import EmbedFn, LMHeadFn, Verifier
+from specdec.train.data import (
+    TrainData,
+    anchor_range,
+    batch_order,
+    collate,
+    draft_vocabulary,
+    sample_anchors,
+    seed_of,
+)
+from specdec.train.features import TargetFeatures
+from specdec.train.loss import block_loss, default_gamma
+
+__all__ = ["TrainConfig", "acceptance_length", "drafter_config", "train"]
+
+STATE_NAME = "trainer_state.pt"
+LOG_NAME = "train_log.jsonl"
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Drafter shape, data, optimisation and bookkeeping. Fields left None take the documented default."""
+
+    # drafter shape (hidden size = the verifier's)
+    num_layers: int = 5
+    num_attention_heads: int | None = None  # None: max(1, hidden // 128)
+    num_key_value_heads: int | None = None  # None: heads // 4 when divisible, else heads
+    head_dim: int | None = None  # None: hidden // heads
+    intermediate_size: int | None = None  # None: 3 * hidden
+    block_size: int = 16
+    target_layer_ids: tuple[int, ...] | None = None  # None: min(5, L-3) evenly spaced from 1 to L-3
+    mask_token_id: int | None = None  # None: vocab_size - 1
+    rope_theta: float = 1_000_000.0
+    draft_vocab_size: int | None = None  # K: read out only the K ids most written in the data; None: all
+    # data
+    stages: tuple[str, ...] | None = None  # corpus stages to train on; None: all
+    max_sequences: int | None = None  # the first N sequences of those stages; None: all
+    # optimisation
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.04
+    min_lr_ratio: float = 0.0
+    steps: int | None = None  # None: ceil(epochs * (training sequences // batch_size))
+    epochs: float = 1.0
+    batch_size: int = 4  # sequences per optimizer step, over all processes
+    max_anchors: int = 512
+    attn_chunk: int | None = None  # anchors per chunk; None: all at once
+    gamma: float | None = None  # None: default_gamma(block_size)
+    kl_weight: float = 0.0
+    kl_topk: int = 16  # soft labels: the verifier's top-k next tokens (with kl_weight > 0)
+    grad_clip: float = 1.0
+    seed: int = 0
+    # warm start: a public-format checkpoint of the same drafter shape whose weights start this run (fresh
+    # optimizer and schedule; its draft vocabulary is kept, so it may train on new data; with held-out
+    # sequences it is evaluated at step 0); a checkpoint already in out_dir still wins (resume)
+    init_from: str | None = None
+    device: str | None = None  # None: cuda:LOCAL_RANK when available, else cpu
+    # bookkeeping
+    out_dir: str = "drafter-train"
+    save_every: int | None = None  # None: only the final checkpoint
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    eval_every: int | None = None  # None: evaluate at the end only (when some sequences are held out)
+    holdout: int = 0  # sequences held out of training for evaluation
+    eval_max_new_tokens: int = 64
+    eval_prompts: int = 4
+    resume: bool = True
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Raise ValueError naming every bad field."""
+        p = []
+        for name in (
+            "num_layers",
+            "batch_size",
+            "max_anchors",
+            "log_every",
+            "keep_checkpoints",
+            "eval_prompts",
+        ):
+            if getattr(self, name) < 1:
+                p.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("steps", "attn_chunk", "save_every", "eval_every", "max_sequences", "draft_vocab_size"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                p.append(f"{name} must be >= 1 or None, got {v}")
+        checks = [
+            (self.block_size >= 2, f"block_size must be >= 2 (a block of 1 drafts nothing), got "
+             f"{self.block_size}"),
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.steps is not None or self.epochs > 0, f"epochs must be > 0, got {self.epochs}"),
+            (self.gamma is None or self.gamma > 0, f"gamma must be > 0, got {self.gamma}"),
+            (self.kl_weight >= 0, f"kl_weight must be >= 0, got {self.kl_weight}"),
+            (self.kl_topk >= 1, f"kl_topk must be >= 1, got {self.kl_topk}"),
+            (self.draft_vocab_size is None or self.kl_weight == 0,
+             "kl_weight > 0 with a draft_vocab_size is not supported (soft labels span all V)"),
+            (0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"),
+            (0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
+            (self.grad_clip > 0, f"grad_clip must be > 0, got {self.grad_clip}"),
+            (self.holdout >= 0, f"holdout must be >= 0, got {self.holdout}"),
+        ]  # fmt: skip
+        p += [msg for ok, msg in checks if not ok]
+        if p:
+            raise ValueError("invalid TrainConfig: " + "; ".join(p))
+
+
+def default_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """min(5, L-3) layers evenly spaced from 1 to L-3 (the public default); L//2 for tiny targets."""
+    from specdec.checkpoint import default_target_layer_ids
+
+    return default_target_layer_ids(num_layers, max(1, min(5, num_layers - 3)))
+
+
+def drafter_config(cfg: TrainConfig, verifier: dict[str, Any]) -> DFlashConfig:
+    """The DFlash config for `cfg` and a verifier description (a corpus' "verifier" entry)."""
+    H, V, L = int(verifier["hidden_size"]), int(verifier["vocab_size"]), int(verifier["num_layers"])
+    heads = cfg.num_attention_heads or max(1, H // 128)
+    kv = cfg.num_key_value_heads or (heads // 4 if heads % 4 == 0 else heads)
+    ids = tuple(cfg.target_layer_ids) if cfg.target_layer_ids is not None else default_layer_ids(L)
+    if not ids or any(not 0 <= i < L for i in ids):
+        raise ValueError(f"target_layer_ids {list(ids)} must be non-empty within 0..{L - 1}")
+    mask = V - 1 if cfg.mask_token_id is None else cfg.mask_token_id
+    if not 0 <= mask < V:
+        raise ValueError(f"mask_token_id {mask} outside the vocabulary 0..{V - 1}")
+    if cfg.draft_vocab_size is not None and cfg.draft_vocab_size >= V:
+        raise ValueError(f"draft_vocab_size {cfg.draft_vocab_size} must be below the vocabulary size {V}")
+    return DFlashConfig(
+        hidden_size=H, num_hidden_layers=cfg.num_layers, num_attention_heads=heads, num_key_value_heads=kv,
+        head_dim=cfg.head_dim or H // heads, intermediate_size=cfg.intermediate_size or 3 * H,
+        vocab_size=V, num_target_layers=L, mask_token_id=mask, block_size=cfg.block_size,
+        target_layer_ids=ids, rope_theta=cfg.rope_theta,
+    )  # fmt: skip
+
+
+def acceptance_length(
+    verifier: Verifier, drafter: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64
+) -> dict[str, Any]:
+    """Mean acceptance length (bonus included) of `specdec.engine.generate` with `drafter` over token-id
+    prompts; `drafter` is a DFlashDrafter, a DFlashDraftModel or a checkpoint folder."""
+    from specdec.dflash import DFlashDrafter, DFlashDraftModel
+    from specdec.engine import DecodeConfig, generate
+    from specdec.records import summarize
+
+    if isinstance(drafter, (str, os.PathLike)):
+        dcfg, state = load_checkpoint(drafter)
+        model = DFlashDraftModel(dcfg)
+        model.load_state_dict(state)
+        drafter = DFlashDrafter(model, name=Path(drafter).name)
+    elif isinstance(drafter, DFlashDraftModel):
+        drafter = DFlashDrafter(drafter)
+    drafter.bind(verifier)
+    cfg = DecodeConfig(max_new_tokens=max_new_tokens, block_size=drafter.block_size)
+    results = [generate(verifier, list(p), drafter=drafter, cfg=cfg) for p in prompts]
+    s = summarize(results, block_size=drafter.block_size)
+    return {
+        "acceptance_length": s["acceptance_length_mean"], "n_steps": s["n_steps"],
+        "per_position_acceptance": s["per_position_acceptance"],
+    }  # fmt: skip
+
+
+# ---- distributed -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Dist:
+    rank: int
+    world: int
+    device: torch.device
+    owned: bool  # this call initialised the process group (and destroys it)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.owned:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self.owned = False
+
+
+def dist_setup(device: str | None) -> _Dist:
+    """Rank / world from torchrun's env (RANK, WORLD_SIZE, LOCAL_RANK); gloo on CPU, nccl on CUDA."""
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        dev = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    else:
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device(f"cuda:{local}")
+    owned = False
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            if dev.type == "cuda":
+                torch.cuda.set_device(dev)
+            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+            owned = True
+    return _Dist(rank, world, dev, owned)
+
+
+class _Loss(nn.Module):
+    """`block_loss` as a module forward, so torch's DDP can wrap it (its hooks need a forward call)."""
+
+    def __init__(
+        self, model: nn.Module, embed_fn: EmbedFn, head_fn: LMHeadFn, gamma: float, cfg: TrainConfig
+    ):
+        super().__init__()
+        self.model, self.embed_fn, self.head_fn, self.gamma, self.cfg = model, embed_fn, head_fn, gamma, cfg
+
+    def forward(self, batch: Any, kl_weight: float) -> dict[str, torch.Tensor]:
+        return block_loss(
+            self.model, batch, self.embed_fn, self.head_fn, gamma=self.gamma, attn_chunk=self.cfg.attn_chunk,
+            kl_weight=kl_weight,
+        )  # fmt: skip
+
+
+# ---- training ------------------------------------------------------------------------------------------
+
+
+def _lr_lambda(total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        prog = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+
+    return f
+
+
+def checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of the resumable checkpoints in `out`, oldest first."""
+    found = []
+    for p in out.glob("checkpoint-*"):
+        tail = p.name.rsplit("-", 1)[-1]
+        if tail.isdigit() and (p / STATE_NAME).is_file():
+            found.append((int(tail), p))
+    return sorted(found)
+
+
+def _same_drafter(path: str | Path, dcfg: DFlashConfig) -> tuple[list[str], dict[str, torch.Tensor]]:
+    """(config fields where the checkpoint at `path` differs from `dcfg`, its checked weights)."""
+    saved, state = load_checkpoint(path)
+    have, want = saved.to_dict(), dcfg.to_dict()
+    return sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k)), state
+
+
+def _check_verifier(verifier: Verifier, stored: dict[str, Any]) -> None:
+    mine = {
+        "model": verifier.model_name, "vocab_size": verifier.vocab_size,
+        "hidden_size": verifier.hidden_size, "num_layers": verifier.num_layers,
+    }  # fmt: skip
+    diff = {k: (stored.get(k), x) for k, x in mine.items() if stored.get(k) != x}
+    if diff:
+        raise ValueError(f"the verifier is not the one the corpus was built with: {diff} (corpus, given)")
+
+
+def train(verifier: Verifier, corpus_dir: str | os.PathLike[str], cfg: TrainConfig) -> Path:
+    """Train a DFlash drafter on a corpus; returns the final checkpoint folder (public format). Resumes
+    from the latest checkpoint in `cfg.out_dir` when `cfg.resume`. Under torchrun every process calls this
+    with the same arguments."""
+    cfg.validate()
+    data = TrainData(corpus_dir, stages=cfg.stages, max_sequences=cfg.max_sequences)
+    _check_verifier(verifier, data.verifier)
+    dcfg = drafter_config(cfg, data.verifier)
+    ctx = dist_setup(cfg.device)
+    try:
+        return _Run(verifier, data, cfg, dcfg, ctx).fit()
+    finally:
+        ctx.close()
+
+
+class _Run:
+    """One training run: the split, the schedule, the model and optimizer (fresh, warm-started or
+    resumed), and the step, evaluation and checkpoint of the loop in `fit`."""
+
+    def __init__(self, verifier: Verifier, data: TrainData, cfg: TrainConfig, dcfg: DFlashConfig, ctx: _Dist):
+        self.verifier, self.data, self.cfg, self.ctx = verifier, data, cfg, ctx
+        bs = dcfg.block_size
+        spans = [anchor_range(s.prompt_len, len(s.ids), bs) for s in data.sequences]
+        usable = [i for i, (lo, hi) in enumerate(spans) if hi >= lo]  # a full block of response somewhere
+        perm = torch.randperm(len(usable), generator=torch.Generator().manual_seed(seed_of(cfg.seed, 1)))
+        order = [usable[i] for i in perm.tolist()]
+        self.held, self.train_idx = order[: cfg.holdout], sorted(order[cfg.holdout :])
+        if cfg.batch_size % ctx.world:
+            raise ValueError(
+                f"batch_size {cfg.batch_size} must be a multiple of the number of processes {ctx.world}"
+            )
+        if len(self.train_idx) < cfg.batch_size:
+            raise ValueError(
+                f"{len(self.train_idx)} training sequences ({len(data)} in the corpus, "
+                f"{len(data) - len(usable)} "
+                f"without a full block of response for block_size {bs}, {len(self.held)} held out) are fewer "
+                f"than batch_size {cfg.batch_size}"
+            )
+        self.per_epoch = len(self.train_idx) // cfg.batch_size
+        self.total = cfg.steps or max(1, math.ceil(cfg.epochs * self.per_epoch))
+        self.dcfg = self._draft_vocab(dcfg)
+        self.features = TargetFeatures(
+            verifier, self.dcfg.target_layer_ids, topk=cfg.kl_topk if cfg.kl_weight else 0
+        )
+        self.out = Path(cfg.out_dir)
+        self._build_model()
+        self.start = self._resume_or_init()
+        self._epoch: tuple[int, list[list[int]]] | None = None
+
+    def _draft_vocab(self, dcfg: DFlashConfig) -> DFlashConfig:
+        cfg = self.cfg
+        if cfg.draft_vocab_size is None:
+            return dcfg
+        if cfg.init_from is not None:  # a warm start keeps the ids it learned to predict, whatever the data
+            kept = load_config(cfg.init_from).draft_vocab
+            if len(kept or ()) != cfg.draft_vocab_size:
+                raise ValueError(
+                    f"cannot start from {cfg.init_from!r}: its draft_vocab holds {len(kept or ())} ids, this "
+                    f"run asks for draft_vocab_size {cfg.draft_vocab_size}"
+                )
+            return dataclasses.replace(dcfg, draft_vocab=kept)
+        vocab = draft_vocabulary(self.data, self.train_idx, cfg.draft_vocab_size, dcfg.mask_token_id)
+        return dataclasses.replace(dcfg, draft_vocab=tuple(vocab.tolist()))
+
+    def _build_model(self) -> None:
+        from specdec.dflash import DFlashDraftModel
+
+        cfg, dev = self.cfg, self.ctx.device
+        torch.manual_seed(cfg.seed)
+        self.model = DFlashDraftModel(self.dcfg).to(dev).train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        warmup = round(cfg.warmup_ratio * self.total)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, _lr_lambda(self.total, warmup, cfg.min_lr_ratio)
+        )
+        self.embed_fn = self.verifier.embed_fn(device=dev, dtype=torch.float32)
+        self.head_fn = self.verifier.lm_head_fn(device=dev, dtype=torch.float32, rows=self.model.draft_vocab)
+        gamma = cfg.gamma or default_gamma(self.dcfg.block_size)
+        self.loss = _Loss(self.model, self.embed_fn, self.head_fn, gamma, cfg)
+        self.local_loss = self.loss
+        if self.ctx.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [dev.index] if dev.type == "cuda" else None
+            self.loss = DistributedDataParallel(self.local_loss, device_ids=ids)
+
+    def _resume_or_init(self) -> int:
+        cfg, dev = self.cfg, self.ctx.device
+        found = checkpoints(self.out) if cfg.resume else []
+        if found:
+            start, path = found[-1]
+            diff, state = _same_drafter(path, self.dcfg)
+            if diff:
+                raise ValueError(
+                    f"cannot resume from {str(path)!r}: it holds a drafter of another shape (differs in "
+                    f"{diff}); use another out_dir or resume=False"
+                )
+            st = torch.load(path / STATE_NAME, map_location=dev, weights_only=False)
+            was = (st.get("n_train", len(self.train_idx)), st.get("total", self.total))
+            if was != (len(self.train_idx), self.total):
+                raise ValueError(
+                    f"cannot resume from {str(path)!r}: it trained on {was[0]} sequences for {was[1]} steps, "
+                    f"this run has {len(self.train_idx)} and {self.total} (the corpus grew?); pin it with "
+                    "max_sequences / steps, or start a new out_dir (init_from the checkpoint)"
+                )
+            self.model.load_state_dict({k: v.to(dev) for k, v in state.items()})
+            self.opt.load_state_dict(st["optimizer"])
+            self.sched.load_state_dict(st["scheduler"])
+            assert int(st["step"]) == start
+            return start
+        if cfg.init_from is not None:
+            diff, state = _same_drafter(cfg.init_from, self.dcfg)
+            if diff:
+                raise ValueError(
+                    f"cannot start from {cfg.init_from!r}: its drafter differs from this run's in {diff}; "
+                    "train with the shape, layers, block size and data (draft vocabulary) it was trained with"
+                )
+            self.model.load_state_dict({k: v.to(device=dev, dtype=torch.float32) for k, v in state.items()})
+        return 0
+
+    # ---- the pieces of a step ------------------------------------------------------------------------
+
+    def batch_at(self, step: int) -> list[int]:
+        """The global batch of `step` (sequence indices), length-grouped, seeded by (seed, epoch)."""
+        e, j = divmod(step, self.per_epoch)
+        if self._epoch is None or self._epoch[0] != e:
+            lengths = [len(self.data.sequences[i].ids) for i in self.train_idx]
+            order = batch_order(lengths, self.cfg.batch_size, seed_of(self.cfg.seed, 2, e))
+            self._epoch = (e, [[self.train_idx[i] for i in b] for b in order])
+        return self._epoch[1][j]
+
+    def anchors_for(self, i: int, step: int) -> torch.Tensor:
+        s = self.data.sequences[i]
+        seed = seed_of(self.cfg.seed, 3, step, i)
+        return sample_anchors(s.prompt_len, len(s.ids), self.dcfg.block_size, self.cfg.max_anchors, seed)
+
+    def batch(self, idx: list[int], step: int) -> Any:
+        anchors = [self.anchors_for(i, step) for i in idx]
+        return collate(self.data, idx, anchors, features=self.features, device=self.ctx.device)
+
+    def step(self, step: int) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+        """One optimizer step; (global stats [loss_sum, correct, count, accept_sum, n_anchors], global weight
+        sum, grad norm, lr)."""
+        ctx = self.ctx
+        local = self.batch_at(step)[ctx.rank :: ctx.world]
+        r = self.loss(self.batch(local, step), self.cfg.kl_weight)
+        denom = ctx.all_sum(r["weight_sum"].detach().clone())
+        (r["loss_sum"] * ctx.world / denom).backward()  # DDP averages over ranks: a global-batch gradient
+        gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        lr = self.sched.get_last_lr()[0]
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        st = torch.stack([r["loss_sum"].detach(), r["correct"], r["count"], r["accept_sum"], r["n_anchors"]])
+        return ctx.all_sum(st), denom, float(gnorm), lr
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Held-out teacher-forced accuracy / acceptance length, and the engine's acceptance length."""
+        self.model.eval()
+        res: dict[str, Any] = {"step": step, "eval": {}}
+        try:
+            tot = torch.zeros(4, device=self.ctx.device)
+            with torch.no_grad():
+                for i in self.held:
+                    r = self.local_loss(self.batch([i], -1), 0.0)  # no DDP hooks: rank 0 alone
+                    tot += torch.stack([r["correct"], r["count"], r["accept_sum"], r["n_anchors"]])
+            res["eval"]["acc"] = float(tot[0] / tot[1].clamp(min=1))
+            res["eval"]["tf_tau"] = float(tot[2] / tot[3].clamp(min=1))
+            seqs = [self.data.sequences[i] for i in self.held[: self.cfg.eval_prompts]]
+            prompts = [s.ids[: s.prompt_len].tolist() for s in seqs]
+            acc = acceptance_length(
+                self.verifier, self.model, prompts, max_new_tokens=self.cfg.eval_max_new_tokens
+            )
+            res["eval"]["tau"] = acc["acceptance_length"]
+        finally:
+            self.model.train()
+        return res
+
+    def save(self, step: int) -> Path:
+        """checkpoint-NNNNNN/ (public format + trainer_state.pt), written to a temporary name and renamed."""
+        path, tmp = self.out / f"checkpoint-{step:06d}", self.out / f".tmp-checkpoint-{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_checkpoint(tmp, self.dcfg, {k: v.detach().float() for k, v in self.model.state_dict().items()})
+        state = {
+            "step": step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            "n_train": len(self.train_idx), "total": self.total,
+            "train_config": {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)},
+            "corpus": str(self.data.path),
+        }  # fmt: skip
+        torch.save(state, tmp / STATE_NAME)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        for _, old in checkpoints(self.out)[: -self.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def fit(self) -> Path:
+        from tqdm import tqdm
+
+        cfg, ctx = self.cfg, self.ctx
+        if ctx.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        ctx.barrier()
+        log = open(self.out / LOG_NAME, "a") if ctx.main else None  # noqa: SIM115 (closed in finally)
+
+        def write(rec: dict[str, Any]) -> None:
+            if log is not None:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+
+        def on_main(f: Callable[[], Any]) -> None:
+            if ctx.main:
+                f()
+            ctx.barrier()
+
+        quiet = not (cfg.progress and ctx.main)
+        bar = tqdm(total=self.total, initial=self.start, desc="train", disable=quiet, file=sys.stderr)
+        win, t_last = torch.zeros(6, dtype=torch.float64), time.perf_counter()  # stats + weight sums
+        try:
+            if self.held and self.start == 0 and cfg.init_from is not None:
+                on_main(lambda: write(self.evaluate(0)))  # where the warm start begins
+            for step in range(self.start, self.total):
+                st, denom, gnorm, lr = self.step(step)
+                win += torch.cat([st.cpu(), denom.reshape(1).cpu()])
+                done = step + 1
+                if done % cfg.log_every == 0 or done == self.total:
+                    now = time.perf_counter()
+                    rec = _log_record(done, st, denom, win, lr, gnorm, now - t_last)
+                    t_last, win = now, torch.zeros(6, dtype=torch.float64)
+                    bar.set_postfix(loss=f"{rec['loss_mean']:.3f}", acc=f"{rec['acc_mean']:.3f}",
+                                    tok_s=f"{rec['tokens_per_s']:.0f}")  # fmt: skip
+                    write(rec)
+                bar.update()
+                if self.held and ((cfg.eval_every and done % cfg.eval_every == 0) or done == self.total):
+                    on_main(lambda d=done: write(self.evaluate(d)))
+                if (cfg.save_every and done % cfg.save_every == 0) or done == self.total:
+                    on_main(lambda d=done: self.save(d))
+        finally:
+            bar.close()
+            if log is not None:
+                log.close()
+        return self.out / f"checkpoint-{self.total:06d}"
+
+
+def _log_record(
+    done: int, st: torch.Tensor, denom: torch.Tensor, win: torch.Tensor, lr: float, gnorm: float, dt: float
+) -> dict[str, Any]:
+    """A train_log.jsonl row: this step's figures and the means since the last row (steps are noisy);
+    tokens_per_s counts supervised block positions over the wall time since the last row."""
+    return {
+        "step": done, "loss": float(st[0] / denom), "acc": float(st[1] / st[2].clamp(min=1)),
+        "tf_tau": float(st[3] / st[4].clamp(min=1)), "lr": lr, "grad_norm": gnorm,
+        "loss_mean": float(win[0] / win[5]), "acc_mean": float(win[1] / win[2].clamp(min=1)),
+        "tf_tau_mean": float(win[3] / win[4].clamp(min=1)), "tokens_per_s": float(win[2]) / max(dt, 1e-9),
+    }  # fmt: skip
