@@ -48,6 +48,34 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     return _DTYPES[name]
 
 
+def resolve_dtype(name: str, runtime: str, device: str = "cpu") -> tuple[str, str]:
+    """("float32" | "bfloat16" | ..., why) for a dtype name; "auto" picks by measurement: bf16 for a torch
+    verifier on a CPU with AMX or avx512_bf16 (native bf16 matmuls) where the batch-invariant verify is
+    exact (`specdec.kernels.batch_invariant`), fp32 everywhere else."""
+    if name != "auto":
+        torch_dtype(name)
+        return name, "asked for"
+    if runtime not in ("hf", "stub") or torch.device(device).type != "cpu":
+        return (
+            "float32",
+            f"{runtime} on {device}: the exact dtype everywhere (no batch-invariant bf16 verify here)",
+        )
+    from specdec.kernels import batch_invariant
+
+    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    if not native:
+        return (
+            "float32",
+            "this CPU has neither AMX nor avx512_bf16: bf16 matmuls are emulated, slower than fp32",
+        )
+    if not batch_invariant(torch.bfloat16, device):
+        return (
+            "float32",
+            "bf16 linears or attention are not batch-invariant on this CPU: bf16 would not be exact",
+        )
+    return "bfloat16", "AMX / avx512_bf16 bf16 matmuls, and the bf16 verify is batch-invariant here (exact)"
+
+
 def load_verifier(
     runtime: str, model: str | None = None, *, dtype: str = "float32", device: str = "cpu"
 ) -> Verifier:
@@ -139,7 +167,13 @@ def run_config(
     verifier: Verifier, drafter: Drafter | None, cfg: DecodeConfig, **extra: Any
 ) -> dict[str, Any]:
     return {
-        "verifier": {"runtime": verifier.runtime, "model": verifier.model_name, "dtype": verifier.dtype},
+        "verifier": {
+            "runtime": verifier.runtime,
+            "model": verifier.model_name,
+            "dtype": verifier.dtype,
+            # a verify of several tokens equals one-token steps bit for bit (see specdec.kernels)
+            "batch_invariant": getattr(verifier, "batch_invariant", None),
+        },
         "drafter": None
         if drafter is None
         else {

@@ -84,7 +84,11 @@ def add_verifier_args(p: argparse.ArgumentParser, *, runtime: str = "stub", mode
         default=model,
         help="short name (smollm2-135m, gemma3-270m), local HF folder or mlx repo id",
     )
-    p.add_argument("--dtype", default="float32")
+    p.add_argument(
+        "--dtype", default="auto",
+        help="float32 | bfloat16 | float16 | auto (bf16 on a CPU with AMX or avx512_bf16 where the verify is "
+        "batch-invariant, i.e. exact; else fp32)",
+    )  # fmt: skip
     p.add_argument("--device", default="cpu", help="torch device of the drafter (and of an hf verifier)")
 
 
@@ -131,8 +135,9 @@ def sampling_of(args: argparse.Namespace) -> SamplingParams:
 def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int]:
     """(verifier, drafter or None, block size) from the verifier and drafter options: the block size is
     `--block-size` or the drafter's own (1 without a drafter)."""
-    from specdec.api import load_drafter, load_verifier
+    from specdec.api import load_drafter, load_verifier, resolve_dtype
 
+    args.dtype, args.dtype_reason = resolve_dtype(args.dtype, args.verifier, args.device)
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
     drafter = load_drafter(
         args.drafter, verifier=verifier, block_size=args.block_size or LOOKUP_BLOCK_SIZE, device=args.device,

@@ -91,7 +91,7 @@ def default_platform() -> tuple[str, str]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: a short HumanEval eval of the bundled drafter against the AR baseline."""
-    from specdec.api import load_drafter, load_verifier
+    from specdec.api import load_drafter, load_verifier, resolve_dtype
     from specdec.evals.datasets import load_dataset
     from specdec.evals.report import print_summary_table
     from specdec.evals.run import OUTPUT_NAMES, run_eval
@@ -99,20 +99,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, OUTPUT_NAMES)  # before any work
     runtime, device = default_platform()
     runtime, device = args.verifier or runtime, args.device or device
-    verifier = load_verifier(runtime, args.model, dtype=args.dtype, device="cpu")
+    dtype, why = resolve_dtype(args.dtype, runtime, "cpu")
+    verifier = load_verifier(runtime, args.model, dtype=dtype, device="cpu")
     cpu = device == "cpu"
     # on a CPU a verify of several tokens costs ~2x a one-token step (a small GEMM against a GEMV), so
     # draft only where it is likely accepted: lookup where the text repeats, confident DFlash blocks
     spec = f"bundled:{args.model}" + ("+lookup" if cpu and not args.no_lookup else "")
     conf = args.min_confidence if args.min_confidence is not None else (CPU_MIN_CONFIDENCE if cpu else 0.0)
-    drafter = load_drafter(spec, verifier=verifier, device=device, dtype=args.dtype, min_confidence=conf)
+    drafter = load_drafter(spec, verifier=verifier, device=device, dtype=dtype, min_confidence=conf)
     records = load_dataset("humaneval", args.limit)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size or drafter.block_size)
     print(
-        f"{runtime} verifier {verifier.model_name} [{args.dtype}] + {drafter.name} on {device}",
+        f"{runtime} verifier {verifier.model_name} [{dtype}: {why}] + {drafter.name} on {device}",
         file=sys.stderr,
     )
-    result = run_eval(verifier, records, drafter=drafter, cfg=cfg, out_dir=out)
+    extra = {"dtype_choice": {"dtype": dtype, "reason": why}}
+    result = run_eval(verifier, records, drafter=drafter, cfg=cfg, out_dir=out, config_extra=extra)
     print_summary_table(result)
     print(f"report: {out / 'report.md'}\nresult: {out / 'result.json'}")
     return 0
@@ -160,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default="smollm2-135m")
     d.add_argument("--verifier", choices=["hf", "mlx"], help="default: mlx on Apple Silicon, hf elsewhere")
     d.add_argument("--device", help="drafter device; default: mps on Apple Silicon, cpu elsewhere")
-    d.add_argument("--dtype", default="float32")
+    d.add_argument("--dtype", default="auto", help="default auto: bf16 where it is fast and exact, else fp32")
     d.add_argument("--limit", type=at_least(1), default=3)
     d.add_argument("--max-new-tokens", type=at_least(1), default=96)
     d.add_argument("--block-size", type=at_least(1), help="default: the drafter's block size")

@@ -22,7 +22,10 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OneDNNLinear", "linear_fn", "onednn_usable", "use_onednn"]
+__all__ = [
+    "KEY_ALIGN", "OneDNNLinear", "batch_invariant", "invariant_attention", "linear_fn",
+    "onednn_usable", "use_onednn",
+]  # fmt: skip
 
 LinearFn = Callable[..., torch.Tensor]
 
@@ -63,6 +66,77 @@ class OneDNNLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _onednn_linear(x, self.weight, self.bias)
+
+
+#: key positions are padded to multiples of this (from absolute position 0) by `invariant_attention`
+KEY_ALIGN = 64
+
+
+def invariant_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    scale: float,
+    key_start: int = 0,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Attention whose result for a query row does not depend on how many query rows the call holds, nor
+    on how many masked keys follow its last visible one: a verify of T tokens then gives bit for bit the
+    rows T one-token calls give, where the linears of the dtype do too (bf16 / fp16 on CPU; see
+    `batch_invariant`). q [B, Hq, T, D]; k, v [B, Hkv, S, D] at absolute positions
+    key_start..key_start+S-1; mask bool [B or 1, 1, T, S] (True: visible) or None (all visible).
+    Returns [B, Hq, T, D].
+
+    Why this holds: query heads sharing a KV head are folded into the rows of one product (no K/V copies);
+    the products are plain matmuls in the model dtype (row-invariant where the linears are); the keys are
+    padded (masked) on both sides to multiples of KEY_ALIGN counted from absolute position 0, so every
+    reduction over keys (scores @ V, the softmax's max and sum in fp32) sees each visible key at the same
+    index modulo the alignment and only adds exact zeros for the rest."""
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    left = key_start % KEY_ALIGN
+    right = (-(left + S)) % KEY_ALIGN
+    rows = q.reshape(B, Hkv, g * T, D)  # query head h = j*g + r of kv head j -> row r*T + t
+    # each score is a dot product over D: invariant as it is; the reductions over keys need the padding
+    s = torch.matmul(rows, k.transpose(-1, -2)).float() * scale  # [B, Hkv, g*T, S]
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    s = s.view(B, Hkv, g, T, S)
+    if mask is not None:
+        s = s.masked_fill(~mask[:, :, None], float("-inf"))  # mask [B, 1, T, S] -> [B, 1, 1, T, S]
+    if left or right:
+        s = F.pad(s, (left, right), value=float("-inf"))
+        v = F.pad(v, (0, 0, left, right))  # [B, Hkv, left+S+right, D]
+    p = s.softmax(-1).to(v.dtype).view(B, Hkv, g * T, -1)
+    return torch.matmul(p, v).view(B, Hq, T, D)
+
+
+@cache
+def batch_invariant(dtype: torch.dtype, device: str = "cpu") -> bool:
+    """Whether this machine computes every row of a linear (F.linear and `linear_fn`) and of
+    `invariant_attention` bit for bit the same in calls of 1, 2, 8 and 16 rows, in `dtype` (measured once
+    per process on random data, key counts crossing an alignment boundary included)."""
+    g = torch.Generator().manual_seed(0)
+    rand = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)  # noqa: E731
+    w, x = rand(192, 64), rand(16, 64)
+    for f in (F.linear, linear_fn(torch.device(device), dtype)):
+        full = f(x, w, None)
+        for m in (1, 2, 8):
+            if not torch.equal(torch.cat([f(x[i : i + m], w, None) for i in range(0, 16, m)]), full):
+                return False
+    P, T = KEY_ALIGN - 5, 16  # the block's keys cross an alignment boundary
+    q, k, v = rand(1, 6, T, 32), rand(1, 2, P + T, 32), rand(1, 2, P + T, 32)
+    mask = (torch.arange(P, P + T)[:, None] >= torch.arange(P + T)[None, :]).to(device)[None, None]
+    full = invariant_attention(q, k, v, mask, scale=0.2)
+
+    def one(t: int) -> torch.Tensor:  # query t of the block alone, with its keys up to itself
+        n = P + t + 1
+        return invariant_attention(q[:, :, t : t + 1], k[:, :, :n], v[:, :, :n], None, scale=0.2)
+
+    return torch.equal(torch.cat([one(t) for t in range(T)], 2), full)
 
 
 def use_onednn(module: torch.nn.Module) -> int:

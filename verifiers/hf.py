@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import linear_fn, use_onednn
+from specdec.kernels import batch_invariant, invariant_attention, linear_fn, use_onednn
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
 
@@ -72,16 +72,44 @@ def _sdpa_gqa(
     return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
 
 
-def _attend_gqa_in_place(model: torch.nn.Module) -> None:
-    """Switch a model that runs transformers' SDPA attention to `_sdpa_gqa` (same masks)."""
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+def _attend_invariant(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kw: Any,
+) -> tuple[torch.Tensor, None]:
+    """`specdec.kernels.invariant_attention` under transformers' attention interface: the keys of the call
+    sit at absolute positions ending at the last query's (full layers from 0, sliding layers from where
+    their window starts), which is what the alignment needs."""
+    pos = kw.get("position_ids")
+    start = int(pos[0, -1]) - key.shape[2] + 1 if pos is not None else 0
+    mask = attention_mask
+    if mask is not None and mask.dtype != torch.bool:  # an additive float mask: 0 where visible
+        mask = mask == 0
+    scale = kw.get("scaling") or query.shape[-1] ** -0.5
+    out = invariant_attention(
+        query, key, value, mask, scale=scale, key_start=start, softcap=kw.get("softcap")
+    )
+    return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
+
+
+def _set_attention(model: torch.nn.Module, name: str, fn: Any) -> None:
+    """Switch a model that runs transformers' SDPA attention to `fn` (registered as `name`, same masks)."""
+    if getattr(model.config, "_attn_implementation", None) not in (
+        "sdpa",
+        "specdec_sdpa",
+        "specdec_invariant",
+    ):
         return
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register("specdec_sdpa", _sdpa_gqa)
-    AttentionMaskInterface.register("specdec_sdpa", sdpa_mask)
-    model.set_attn_implementation("specdec_sdpa")
+    AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    model.set_attn_implementation(name)
+    return True
 
 
 class HFVerifier:
@@ -97,11 +125,18 @@ class HFVerifier:
         device: str | torch.device = "cpu",
         tokenizer: Any = None,
         onednn: bool = True,
+        invariant: bool | None = None,
     ) -> None:
         """`onednn`: on a CPU in float32, run the model's linears with oneDNN (`specdec.kernels`: a verify
         of several tokens costs much less) and let grouped-query attention read the shared K/V heads
         under a mask instead of copying them (bit-identical); a model object passed in is switched in
-        place. Off: the model runs exactly as loaded."""
+        place. Off: the model runs exactly as loaded.
+
+        `invariant` (None: on for bf16 / fp16 on a CPU): attention through
+        `specdec.kernels.invariant_attention`, so a verify of several tokens gives each position bit for bit
+        what a one-token verify gives wherever the linears are invariant too (`batch_invariant`,
+        measured at load); speculative output then equals autoregressive output token for token in that
+        dtype. `batch_invariant` says whether both hold."""
         if isinstance(model_path_or_model, torch.nn.Module):
             model = model_path_or_model.to(device=device, dtype=dtype)
             path = getattr(model.config, "_name_or_path", "") or type(model).__name__
@@ -111,9 +146,15 @@ class HFVerifier:
             if tokenizer is None:
                 tokenizer = self._load_tokenizer(Path(path))
         self.model = model.eval()
-        if onednn and torch.device(device).type == "cpu":
+        cpu = torch.device(device).type == "cpu"
+        half = dtype in (torch.bfloat16, torch.float16)
+        invariant = half and cpu if invariant is None else invariant
+        if onednn and cpu:
             use_onednn(model)
-            _attend_gqa_in_place(model)
+        switched = bool(invariant) and _set_attention(model, "specdec_invariant", _attend_invariant)
+        if not invariant and onednn and cpu:
+            _set_attention(model, "specdec_sdpa", _sdpa_gqa)
+        self.batch_invariant = switched and batch_invariant(dtype, str(device))
         self.config = cfg = model.config.get_text_config(decoder=True)
         base = getattr(model, "model", None)
         layers = getattr(base, "layers", None)

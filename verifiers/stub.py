@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.kernels import batch_invariant, invariant_attention
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn, check_layer_ids
 
@@ -95,9 +96,21 @@ class StubVerifier:
 
     runtime = "stub"
 
-    def __init__(self, cfg: StubConfig | None = None, *, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        cfg: StubConfig | None = None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        invariant: bool | None = None,
+    ) -> None:
+        """`invariant` (None: on for bf16 / fp16): attention through `specdec.kernels.invariant_attention`,
+        so a verify of several tokens gives each row bit for bit what one-token verifies give (as in
+        `HFVerifier`; `batch_invariant` says whether the linears are invariant too)."""
         self.cfg = cfg = cfg or StubConfig()
         self.model = StubModel(cfg).to(dtype)
+        half = dtype in (torch.bfloat16, torch.float16)
+        self.invariant = half if invariant is None else invariant
+        self.batch_invariant = self.invariant and batch_invariant(dtype)
         self.model_name = f"stub-h{cfg.hidden_size}-l{cfg.num_layers}-seed{cfg.seed}"
         self.dtype = str(dtype).removeprefix("torch.")
         self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
@@ -144,7 +157,12 @@ class StubVerifier:
             self._kv[li, 0, :, p0 : p0 + T] = k
             self._kv[li, 1, :, p0 : p0 + T] = v
             keys, vals = self._kv[li, 0, :, : p0 + T], self._kv[li, 1, :, : p0 + T]  # [nh, p0+T, hd]
-            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)  # [nh, T, hd]
+            if self.invariant:  # [nh, T, hd]
+                att = invariant_attention(q[None], keys[None], vals[None], mask[None, None], scale=hd**-0.5)[
+                    0
+                ]
+            else:
+                att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
             x = x + att.transpose(0, 1).reshape(T, -1) @ layer.o.T
             gate, up = (_rms_norm(x, layer.norm2, cfg.eps) @ layer.up.T).chunk(2, -1)
             x = x + (F.silu(gate) * up) @ layer.down.T

@@ -1,0 +1,191 @@
+"""Exact in bf16 and fp16: a batch-invariant verify gives each position bit for bit what one-token steps give,
+so speculative output equals autoregressive output token for token in the fast dtypes too.
+
+Before: the HF verifier's fused SDPA reduced differently for 1 and for 8 query rows (SmolLM2-135M bf16:
+logits up to 0.375 apart, argmax flips on real prompts). fp32 linears are not row-invariant on this CPU
+(one-row GEMV vs GEMM, ~5e-5), so fp32 stays exact by test, not by construction (`batch_invariant` False).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from drafters import RandomDrafter, ScriptedDrafter
+from tinymodels import tiny_gemma3, tiny_llama, tiny_qwen3
+
+from specdec.engine import DecodeConfig, generate
+from specdec.kernels import KEY_ALIGN, batch_invariant, invariant_attention
+from specdec.sampling import SamplingParams
+from specdec.verifiers.stub import StubVerifier
+
+HALF = (torch.bfloat16, torch.float16)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_invariant_attention_rows_do_not_depend_on_the_call(dtype):
+    g = torch.Generator().manual_seed(0)
+    for P, T, window in ((100, 8, None), (KEY_ALIGN - 3, 8, None), (250, 16, None), (200, 8, 50)):
+        S = P + T
+        k, v = (
+            torch.randn(1, 2, S, 32, generator=g).to(dtype),
+            torch.randn(1, 2, S, 32, generator=g).to(dtype),
+        )
+        q = torch.randn(1, 6, T, 32, generator=g).to(dtype)
+        start = 0 if window is None else P - window + 1  # a sliding layer keeps its window only
+        qpos, kpos = torch.arange(P, S), torch.arange(start, S)
+        mask = qpos[:, None] >= kpos[None]
+        if window:
+            mask &= qpos[:, None] - kpos[None] < window
+        block = invariant_attention(
+            q, k[:, :, start:], v[:, :, start:], mask[None, None], scale=0.2, key_start=start
+        )
+        ones = []
+        for t in range(T):
+            lo = 0 if window is None else P + t - window + 1
+            kt, vt = k[:, :, lo : P + t + 1], v[:, :, lo : P + t + 1]
+            ones.append(invariant_attention(q[:, :, t : t + 1], kt, vt, None, scale=0.2, key_start=lo))
+        assert torch.equal(block, torch.cat(ones, 2)), (P, T, window)
+        ref = F.scaled_dot_product_attention(
+            q.float(),
+            k[:, :, start:].float(),
+            v[:, :, start:].float(),
+            attn_mask=mask,
+            scale=0.2,
+            enable_gqa=True,
+        )
+        torch.testing.assert_close(block.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_the_self_check_here():
+    assert batch_invariant(torch.bfloat16) and batch_invariant(torch.float16)  # this CPU, measured
+    assert batch_invariant(torch.float32) in (True, False)  # fp32: GEMV vs GEMM rows differ on this CPU
+
+
+def _logits_block_vs_steps(v, prompt: list[int], block: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    v.set_target_layers(())
+    v.reset()
+    v.prefill(prompt)
+    blk = v.forward(block)  # [T, V]
+    v.reset()
+    v.prefill(prompt)
+    steps = torch.cat([v.forward([t]) for t in block])
+    return blk, steps
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3"])
+@pytest.mark.parametrize("dtype", [*HALF, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_hf_verify_of_a_block_equals_one_token_steps(tmp_path: Path, family: str, dtype):
+    pytest.importorskip("transformers")
+    from specdec.verifiers.hf import HFVerifier
+
+    make = {"llama": tiny_llama, "gemma3": tiny_gemma3, "qwen3": tiny_qwen3}[family]
+    v = HFVerifier(make(tmp_path / family), dtype=dtype)  # gemma3: window 16, the prompt passes it
+    g = torch.Generator().manual_seed(0)
+    prompt, block = (
+        torch.randint(3, 300, (40,), generator=g).tolist(),
+        torch.randint(3, 300, (8,), generator=g).tolist(),
+    )
+    blk, steps = _logits_block_vs_steps(v, prompt, block)
+    if dtype in HALF:
+        assert v.batch_invariant and torch.equal(blk, steps)
+    else:  # exact by test, not by construction: the fp32 linears round the last bits differently
+        assert not v.batch_invariant
+        torch.testing.assert_close(blk, steps, atol=1e-4, rtol=1e-4)
+
+
+def test_stub_bf16_verify_is_batch_invariant():
+    v = StubVerifier(dtype=torch.bfloat16)
+    blk, steps = _logits_block_vs_steps(v, list(range(3, 90)), [5, 9, 200, 7, 33])
+    assert v.batch_invariant and torch.equal(blk, steps)
+
+
+def _drafters(v, prompt, ref, bs):
+    kw = dict(vocab=v.vocab_size, block_size=bs)
+    return {
+        "all": ScriptedDrafter(prompt + ref, **kw),
+        "none": RandomDrafter(vocab=v.vocab_size, seed=3, block_size=bs),
+        "part": ScriptedDrafter(
+            prompt + ref, wrong_at=range(len(prompt) + 2, len(prompt) + len(ref), 3), **kw
+        ),
+    }
+
+
+def _spec_equals_ar(v, prompt: list[int], n: int, bs: int = 8, sampling=None) -> None:
+    cfg = DecodeConfig(max_new_tokens=n, block_size=1, sampling=sampling)
+    ref = generate(v, prompt, cfg=cfg).output_tokens
+    for name, d in _drafters(v, prompt, ref, bs).items():
+        got = generate(
+            v, prompt, drafter=d, cfg=DecodeConfig(max_new_tokens=n, block_size=bs, sampling=sampling)
+        )
+        assert got.output_tokens == ref, name
+        if name == "all":
+            assert max(s.accepted for s in got.steps if s.phase == "decode") == bs - 1
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_stub_spec_equals_ar_in_half_precision(dtype):
+    v = StubVerifier(dtype=dtype)
+    _spec_equals_ar(v, list(range(3, 40)), 48)
+    _spec_equals_ar(v, list(range(3, 40)), 48, sampling=SamplingParams(temperature=0.8, seed=7))  # match rule
+
+
+@pytest.mark.hf
+def test_hf_gemma3_spec_equals_ar_in_bf16_past_the_window(tmp_path: Path):
+    pytest.importorskip("transformers")
+    from specdec.verifiers.hf import HFVerifier
+
+    v = HFVerifier(tiny_gemma3(tmp_path / "g"), dtype=torch.bfloat16)
+    _spec_equals_ar(v, list(range(3, 30)), 40, bs=6)
+    _spec_equals_ar(v, list(range(3, 30)), 40, bs=6, sampling=SamplingParams(temperature=1.0, seed=1))
+
+
+def test_auto_dtype_is_chosen_by_measurement(monkeypatch):
+    from specdec.api import resolve_dtype
+
+    assert resolve_dtype("bfloat16", "hf") == ("bfloat16", "asked for")
+    assert resolve_dtype("auto", "mlx")[0] == "float32"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    dtype, why = resolve_dtype("auto", "hf")
+    assert dtype == "float32" and "neither AMX nor avx512_bf16" in why
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # a Xeon with bf16 units
+    assert resolve_dtype("auto", "hf")[0] == ("bfloat16" if batch_invariant(torch.bfloat16) else "float32")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_dtype("int4", "hf")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_real_models_spec_equals_ar_in_bf16(model):
+    pytest.importorskip("transformers")
+    from specdec.chat import encode_prompt
+    from specdec.models import model_dir
+    from specdec.verifiers.hf import HFVerifier
+
+    if not (model_dir(model) / "config.json").is_file():
+        pytest.skip(f"{model} is not cached")
+    v = HFVerifier(model_dir(model), dtype=torch.bfloat16)
+    assert v.batch_invariant
+    prompt = encode_prompt(
+        v, [{"role": "user", "content": "Write a Python function that merges two sorted lists."}]
+    )
+    block = [int(t) for t in torch.randint(100, 20000, (8,), generator=torch.Generator().manual_seed(0))]
+    blk, steps = _logits_block_vs_steps(v, prompt, block)
+    assert torch.equal(blk, steps)
+    _spec_equals_ar(v, prompt, 40)
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mlx_cpu_verify_is_batch_invariant(tmp_path: Path, dtype: str):
+    """mlx-cpu is invariant as it is (mlx 0.32: also 4-bit, measured on SmolLM2); the verifier says so."""
+    pytest.importorskip("mlx_lm")
+    from specdec.verifiers.mlx import MLXVerifier
+
+    v = MLXVerifier(tiny_llama(tmp_path / "m"), dtype=dtype)
+    assert v.batch_invariant
+    _spec_equals_ar(v, list(range(3, 30)), 32, bs=6)
