@@ -2,8 +2,9 @@
 
 Contract:
 - `to_torch(x, device=, dtype=)` evaluates `x` first (so a timer that stops after it is honest) and
-  shares its memory with no copy when the runtimes allow it: DLPack on the CPU build, the buffer protocol
-  where MLX exports a Metal DLPack device that torch cannot import (Apple unified memory: still no copy).
+  shares its memory with no copy when the runtimes allow it: DLPack on the CPU build and, onto MPS, on
+  Metal where torch imports MLX's kDLMetal export (checked once: `metal_dlpack_ok`), else the buffer
+  protocol (Apple unified memory: no copy on the host side; `.to("mps")` then copies).
   A copy happens when `device` or `dtype` differ from the array's, or when `x` is not row-contiguous
   (column slices, transposes, reversed steps are made contiguous on the MLX side: torch aborts on DLPack
   negative strides). The result aliases MLX memory: treat it as read-only.
@@ -15,6 +16,8 @@ Contract:
 """
 
 from __future__ import annotations
+
+import functools
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -38,7 +41,7 @@ __all__ = [
     "to_torch",
 ]
 
-_KDL_CPU = 1
+_KDL_CPU, _KDL_METAL = 1, 8  # DLPack device types
 
 #: mlx_lm architectures whose embedding or head does something this module does not reproduce (scaled
 #: logits, muP multipliers, per-layer inputs, ...): found by grepping mlx_lm 0.32 models/ for embedding
@@ -61,9 +64,39 @@ def to_torch(
     # contiguous on the MLX side first: torch aborts the process on DLPack's negative strides (x[:, ::-1])
     x = mx.contiguous(x)
     mx.eval(x)  # DLPack export would force it anyway; explicit so the bridge time is honest
-    # MLX on Metal exports kDLMetal, which torch cannot import; the buffer protocol is zero-copy there too
-    t = torch.from_dlpack(x) if x.__dlpack_device__()[0] == _KDL_CPU else _via_buffer(x)
-    return t.to(device=device, dtype=dtype)  # returns `t` itself when nothing changes
+    return _import(x, torch.device(device).type).to(
+        device=device, dtype=dtype
+    )  # `t` itself if nothing changes
+
+
+def _import(x: mx.array, device_type: str) -> torch.Tensor:
+    """An evaluated, contiguous `x` in torch without a copy: DLPack on the CPU build; on Metal, DLPack into
+    MPS where this torch imports MLX's kDLMetal export (`metal_dlpack_ok`), else the buffer protocol (unified
+    memory: still no copy, but a host-visible tensor that `.to("mps")` then copies). The DLPack capsule's
+    deleter keeps the MLX buffer alive as long as the torch tensor uses it."""
+    kind = _dlpack_kind(x)
+    if kind == _KDL_CPU or (kind == _KDL_METAL and device_type == "mps" and metal_dlpack_ok()):
+        return torch.from_dlpack(x)
+    return _via_buffer(x)
+
+
+def _dlpack_kind(x: mx.array) -> int:
+    return int(x.__dlpack_device__()[0])
+
+
+@functools.cache
+def metal_dlpack_ok() -> bool:
+    """Whether torch imports MLX's Metal DLPack export onto MPS, correctly (MLX >= 0.32 exports kDLMetal with
+    a byte offset; checked once with a round trip of an offset slice). False off Apple Silicon."""
+    if not torch.backends.mps.is_available() or tuple(map(int, mx.__version__.split(".")[:2])) < (0, 32):
+        return False
+    try:
+        a = mx.arange(12, dtype=mx.float32)[4:]  # an offset into its buffer
+        mx.eval(a)
+        t = torch.from_dlpack(a)
+        return t.device.type == "mps" and torch.equal(t.cpu(), torch.arange(4, 12, dtype=torch.float32))
+    except Exception:  # an older torch: "Unsupported device type" and the like
+        return False
 
 
 def _via_buffer(x: mx.array) -> torch.Tensor:

@@ -76,6 +76,19 @@ def resolve_dtype(name: str, runtime: str, device: str = "cpu") -> tuple[str, st
     return "bfloat16", "AMX / avx512_bf16 bf16 matmuls, and the bf16 verify is batch-invariant here (exact)"
 
 
+def check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> None:
+    """ValueError for a device / dtype pair the platform cannot run: bf16 on MPS needs macOS 14."""
+    import platform
+
+    if torch.device(device).type == "mps" and dtype == torch.bfloat16:
+        version = platform.mac_ver()[0]
+        if version and int(version.split(".")[0]) < 14:
+            raise ValueError(
+                f"bfloat16 on MPS needs macOS 14 or later (this is macOS {version}); use --dtype float16 or "
+                "float32 for the drafter"
+            )
+
+
 def load_verifier(
     runtime: str, model: str | None = None, *, dtype: str = "float32", device: str = "cpu"
 ) -> Verifier:
@@ -128,6 +141,7 @@ def load_drafter(
     "+lookup" drafts by prompt lookup where the text repeats and with DFlash elsewhere
     (`LookupFirstDrafter`). `min_confidence` cuts DFlash blocks where the drafter's running top-1
     probability falls below it (worth it where verifying several tokens costs much more than one)."""
+    check_device_dtype(device, torch_dtype(dtype))
     if min_confidence and (spec in (None, "none") or spec.removesuffix("+lookup") == "prompt-lookup"):
         raise ValueError(f"min_confidence cuts DFlash blocks; drafter {spec!r} has none")
     if spec in (None, "none"):

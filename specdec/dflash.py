@@ -92,6 +92,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     q = q.reshape(B, Hkv, g * Tq, D)
     if mask is not None:
         mask = mask[:, None].expand(mask.shape[0], g, Tq, S).reshape(mask.shape[0], 1, g * Tq, S)
+    if q.device.type not in ("cpu", "cuda"):  # MPS SDPA has given wrong values for strided inputs (the cache
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # views are): pytorch #181133, #163597
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, Hkv, g*Tq, D]
     return out.view(B, Hq, Tq, D)
 
@@ -440,9 +442,9 @@ class DFlashProposer:
         self.rows = model.draft_vocab  # [K] or None
         # the logit column of the mask token (never proposed); None when the draft vocabulary lacks it
         self._mask_col: int | None = cfg.mask_token_id
-        if self.rows is not None:
-            hit = (self.rows == cfg.mask_token_id).nonzero()  # one host read, at bind time
-            self._mask_col = int(hit[0, 0]) if len(hit) else None
+        if cfg.draft_vocab is not None:  # from the config on the host: no device read
+            vocab = list(cfg.draft_vocab)
+            self._mask_col = vocab.index(cfg.mask_token_id) if cfg.mask_token_id in vocab else None
         self.block_size = cfg.block_size
         self.measure_memory = measure_memory
         self.cache = DFlashCache(cfg, device=model.device, dtype=model.dtype, capacity=capacity)

@@ -10,7 +10,8 @@ Contract: `probe.reset()` before the call, `probe.read()` after it; `read` retur
   `"process_peak"`             peak resident set of the whole process since `reset` (Linux CPU);
   `"process_peak_since_start"` peak resident set of the process since it started, as it could not be reset
                                (macOS CPU, or Linux without a writable /proc/self/clear_refs);
-  `"current_after"`            memory held right after the call, not a peak (torch MPS has no peak counter);
+  `"current_after"`            memory held right after the call, not a peak (torch MPS has no peak counter:
+                               torch's own allocations; the process-wide Metal driver total beside it);
   `"unmeasured"`               no honest reading: `bytes` is None and a `"reason"` field says why.
 
 `bytes` is never a placeholder 0: an API that answers 0 (as `torch.cuda.max_memory_allocated` does without
@@ -90,24 +91,26 @@ class CudaProbe:
 
 @dataclass
 class MpsProbe:
-    """torch MPS has no peak counter: reports the driver allocation right after the call ("current_after")."""
+    """torch MPS has no peak counter: torch's own MPS allocations right after the call ("current_after",
+    `torch.mps.current_allocated_memory`). The Metal driver's total is process-wide (MLX allocates from the
+    same device, so it holds the verifier's weights and cache too): reported beside it, labelled so."""
 
     def reset(self) -> None:
         pass  # nothing to reset
 
     def read(self) -> MemoryRecord:
         try:
-            driver = int(torch.mps.driver_allocated_memory())
             current = int(torch.mps.current_allocated_memory())
+            driver = int(torch.mps.driver_allocated_memory())
         except Exception as e:  # e.g. "Cannot execute getDriverAllocatedMemory() without MPS backend."
             return unmeasured(f"torch.mps memory query failed: {type(e).__name__}: {e}")
-        if driver <= 0:
-            return unmeasured(f"torch.mps.driver_allocated_memory() returned {driver}")
+        if current <= 0:
+            return unmeasured(f"torch.mps.current_allocated_memory() returned {current}")
         return {
-            "bytes": driver,
-            "source": "torch.mps.driver_allocated_memory",
+            "bytes": current,
+            "source": "torch.mps.current_allocated_memory",
             "kind": "current_after",
-            "current_allocated_bytes": current if current > 0 else None,
+            "process_driver_bytes": driver if driver > 0 else None,  # whole process, MLX included
         }
 
 

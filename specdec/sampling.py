@@ -84,9 +84,7 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     idx = idx.clamp(max=probs.shape[-1] - 1)
     # searchsorted may land on a zero-probability id right after a plateau (u == boundary): step back
     bad = probs.gather(-1, idx[:, None]).squeeze(-1) == 0
-    if bad.any():
-        idx = torch.where(bad, probs.argmax(-1), idx)
-    return idx
+    return torch.where(bad, probs.argmax(-1), idx)  # no `if bad.any()`: that would be a device sync
 
 
 class Sampler:
@@ -95,19 +93,27 @@ class Sampler:
     def __init__(self, sp: SamplingParams, max_positions: int) -> None:
         self.sp = sp
         g = torch.Generator().manual_seed(sp.seed)
-        # [4, max_positions]: verifier sample, acceptance test, residual resample, draft sample
-        self.u = torch.rand(4, max_positions + 1, generator=g, dtype=torch.float64)
+        # [4, max_positions]: verifier sample, acceptance test, residual resample, draft sample; drawn on the
+        # CPU (the same numbers on every device), float32 (MPS has no float64), moved to the logits' device
+        self._u = torch.rand(4, max_positions + 1, generator=g, dtype=torch.float32)
+        self._on: dict[torch.device, torch.Tensor] = {}
         self.resampled = 0  # residual resamples in the last verify (0 or 1)
+
+    def u(self, row: int, start: int, n: int, like: torch.Tensor) -> torch.Tensor:
+        """[n] uniforms of `row` from position `start`, on `like`'s device."""
+        if like.device not in self._on:
+            self._on[like.device] = self._u.to(like.device)
+        return self._on[like.device][row, start : start + n]
 
     def first(self, logits: torch.Tensor, pos: int) -> int:
         """The token at position `pos` from the last prompt position's logits [1, V]."""
-        return int(sample_from(warp(logits, self.sp), self.u[0, pos : pos + 1]))
+        return int(sample_from(warp(logits, self.sp), self.u(0, pos, 1, logits)))
 
     def propose(self, draft_logits: torch.Tensor, pos: int) -> tuple[list[int], torch.Tensor]:
         """Sampled proposals: draft_logits [k, V] for positions pos..pos+k-1 -> (tokens, q [k, V])."""
         q = warp(draft_logits, self.sp)
         k = q.shape[0]
-        return sample_from(q, self.u[3, pos : pos + k]).tolist(), q
+        return sample_from(q, self.u(3, pos, k, q)).tolist(), q
 
     def verify(self, logits: torch.Tensor, draft: list[int], q: torch.Tensor | None, pos: int) -> list[int]:
         """logits [k+1, V] for positions pos..pos+k -> targets whose prefix agreement with `draft` is
@@ -116,19 +122,21 @@ class Sampler:
         k = len(draft)
         self.resampled = 0
         if self.sp.rule == "match":
-            return sample_from(p, self.u[0, pos : pos + k + 1]).tolist()
-        d = torch.tensor(draft, dtype=torch.long)
-        rows = torch.arange(k)
+            return sample_from(p, self.u(0, pos, k + 1, p)).tolist()
+        d = torch.tensor(draft, dtype=torch.long, device=p.device)
+        rows = torch.arange(k, device=p.device)
         px = p[rows, d]  # [k]
-        qx = q[rows, d] if q is not None else torch.ones(k)  # argmax proposals: q is one-hot
-        ok = (self.u[1, pos : pos + k] * qx < px).tolist()  # accept with prob min(1, p/q)
+        qx = q[rows, d].to(p.device) if q is not None else torch.ones(k, device=p.device)  # argmax: q one-hot
+        ok = (self.u(1, pos, k, p) * qx < px).tolist()  # accept with prob min(1, p/q)
         a = ok.index(False) if False in ok else k
         if a == k:
-            return [*draft, int(sample_from(p[k : k + 1], self.u[0, pos + k : pos + k + 1]))]
-        residual = p[a] - (q[a] if q is not None else torch.nn.functional.one_hot(d[a], p.shape[-1]).float())
+            return [*draft, int(sample_from(p[k : k + 1], self.u(0, pos + k, 1, p)))]
+        residual = p[a] - (
+            q[a].to(p.device) if q is not None else torch.nn.functional.one_hot(d[a], p.shape[-1]).float()
+        )
         # rejection implies p(x) < q(x), so the residual has mass and excludes x
         residual = residual.clamp(min=0)
         self.resampled = 1
-        tok = int(sample_from(residual[None], self.u[2, pos + a : pos + a + 1]))
+        tok = int(sample_from(residual[None], self.u(2, pos + a, 1, p)))
         assert tok != draft[a], "a residual sample cannot equal the rejected draft"
         return [*draft[:a], tok]

@@ -187,11 +187,12 @@ def test_mps_reads_current_values_labelled_honestly(monkeypatch):
     assert isinstance(probe, MpsProbe)
     probe.reset()
     rec = probe.read()
+    # the drafter's own torch allocations, not the driver's process-wide total (MLX's verifier included)
     assert rec == {
-        "bytes": 300 * MB,
-        "source": "torch.mps.driver_allocated_memory",
+        "bytes": 200 * MB,
+        "source": "torch.mps.current_allocated_memory",
         "kind": "current_after",
-        "current_allocated_bytes": 200 * MB,
+        "process_driver_bytes": 300 * MB,
     }
     assert "peak" not in rec["kind"]
 
@@ -200,6 +201,7 @@ def test_mps_failure_is_unmeasured_not_raised(monkeypatch):
     def boom():
         raise RuntimeError("Cannot execute getDriverAllocatedMemory() without MPS backend.")
 
+    monkeypatch.setattr(torch.mps, "current_allocated_memory", lambda: 1)
     monkeypatch.setattr(torch.mps, "driver_allocated_memory", boom)
     probe = probe_for_device("mps")
     probe.reset()

@@ -164,14 +164,12 @@ def test_broken_rule_fails_the_same_test(verifier, monkeypatch):
         out, self.resampled = [], 0
         for i, x in enumerate(draft):
             qx = q[i, x] if q is not None else 1.0
-            if self.u[1, pos + i] * qx >= p[i, x]:  # rejected...
-                tok = int(
-                    sample_from(p[i : i + 1], self.u[2, pos + i : pos + i + 1])
-                )  # ...but resampled from p
+            if self.u(1, pos + i, 1, p)[0] * qx >= p[i, x]:  # rejected...
+                tok = int(sample_from(p[i : i + 1], self.u(2, pos + i, 1, p)))  # ...but resampled from p
                 if tok != x:
                     return [*out, tok]
             out.append(x)
-        return [*out, int(sample_from(p[-1:], self.u[0, pos + len(draft) : pos + len(draft) + 1]))]
+        return [*out, int(sample_from(p[-1:], self.u(0, pos + len(draft), 1, p)))]
 
     monkeypatch.setattr(Sampler, "verify", broken_verify)
     sp = SamplingParams(rule="rejection", proposal="sample", temperature=1.0)

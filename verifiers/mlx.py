@@ -73,6 +73,21 @@ _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chun
 _DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
+def _cast(model: nn.Module, dtype: mx.Dtype, *, recast_quantized: bool) -> None:
+    """Cast the model's floating-point parameters to `dtype`, except the scales and biases of quantized
+    layers (their precision is part of the checkpoint) unless `recast_quantized`."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    params = tree_flatten(model.parameters())
+    keep = ("scales", "biases") if not recast_quantized else ()
+    cast = [
+        (k, v.astype(dtype))
+        for k, v in params
+        if mx.issubdtype(v.dtype, mx.floating) and k.rsplit(".", 1)[-1] not in keep
+    ]
+    model.update(tree_unflatten(cast))
+
+
 def _dtype_name(d: mx.Dtype) -> str:
     return str(d).rsplit(".", 1)[-1]  # "mlx.core.float32" -> "float32"
 
@@ -110,7 +125,10 @@ class MLXVerifier:
         dtype: str | None = None,
         max_context: int | None = None,
         prefill_chunk: int = 2048,
+        recast_quantized: bool = False,
     ) -> None:
+        """`dtype` casts the floating-point parameters (None: as stored); a quantized model keeps its scales
+        and biases as stored unless `recast_quantized`."""
         import mlx_lm
         from mlx_lm.utils import _download, load_model
 
@@ -125,7 +143,8 @@ class MLXVerifier:
             model, config = load_model(path, model_config=fixes)
             tokenizer = None
         self._setup(model, config, tokenizer=tokenizer, name=str(path_or_repo), dtype=dtype,
-                    max_context=max_context, prefill_chunk=prefill_chunk)  # fmt: skip
+                    max_context=max_context, prefill_chunk=prefill_chunk,
+                    recast_quantized=recast_quantized)  # fmt: skip
 
     @classmethod
     def from_model(
@@ -155,11 +174,15 @@ class MLXVerifier:
         dtype: str | None,
         max_context: int | None,
         prefill_chunk: int,
+        recast_quantized: bool = False,
     ) -> None:
         if dtype is not None:
             if dtype not in _DTYPES:
                 raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(_DTYPES)}")
-            model.set_dtype(_DTYPES[dtype])
+            _cast(model, _DTYPES[dtype], recast_quantized=recast_quantized)
+        # evaluate every parameter here: MLX >= 0.32 keeps default streams per thread, and a lazy array (a
+        # cast) made on this thread cannot be evaluated on the thread that decodes (a server's, an app's)
+        mx.eval(model.parameters())
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model, self.config, self.tokenizer = model, config, tokenizer
