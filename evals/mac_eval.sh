@@ -23,12 +23,11 @@ if [[ "$(uname -s)/$(uname -m)" != "Darwin/arm64" ]]; then
   exit 2
 fi
 python3 -m venv .venv
-.venv/bin/pip install -q -e ".[mlx,hf,eval]" huggingface_hub
-# the drafter's config.json + model.safetensors in the public DFlash format (no custom code is run)
-DRAFTER_DIR=$(.venv/bin/python -c "from huggingface_hub import snapshot_download as s; \
-print(s('$DRAFTER_REPO', allow_patterns=['config.json', '*.safetensors']))")
+.venv/bin/pip install -q -e ".[mlx,hf,eval]"
+# --drafter owner/name: only config.json + *.safetensors are downloaded (the public DFlash format; no
+# custom code is run), into the Hugging Face cache, so later runs work offline
 # shellcheck disable=SC2086
-.venv/bin/specdec eval --verifier mlx --model "$MODEL" --drafter "$DRAFTER_DIR" --device mps \
+.venv/bin/specdec eval --verifier mlx --model "$MODEL" --drafter "$DRAFTER_REPO" --device mps \
   --dtype bfloat16 --dataset $DATASETS --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
   --block-size "$BLOCK_SIZE" --out "$OUT"
 echo "report: $OUT/report.md"

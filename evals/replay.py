@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,19 +90,21 @@ def record(
 
 def measure_costs(
     verifier: Verifier,
-    drafter: DFlashDrafter,
+    drafter: DFlashDrafter | None = None,
     *,
     context: int = 400,
     sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16),
     reps: int = 10,
-) -> tuple[dict[int, float], float]:
-    """Median seconds of a verify of each size at `context` cached positions, and of one proposal."""
+) -> tuple[dict[int, float], float | None]:
+    """Median seconds of a verify of each size at `context` cached positions (sizes interleaved within each
+    repetition, so drift hits all alike), and of one proposal of `drafter` (None without one)."""
     ids = [int(t) for t in torch.randint(10, verifier.vocab_size - 10, (context + max(sizes),)).tolist()]
-    verifier.set_target_layers(drafter.target_layer_ids)
+    verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
     verifier.reset()
     verifier.prefill(ids[:context])
-    drafter.reset()
-    drafter.extend(verifier.features(context, device=drafter.device, dtype=drafter.dtype), ids[:context])
+    if drafter:
+        drafter.reset()
+        drafter.extend(verifier.features(context, device=drafter.device, dtype=drafter.dtype), ids[:context])
     times: dict[int, list[float]] = {b: [] for b in sizes}
     draft: list[float] = []
     for _ in range(reps):
@@ -110,10 +113,29 @@ def measure_costs(
             verifier.verify(ids[context : context + b])
             times[b].append(time.perf_counter() - t)
             verifier.rollback(b)
-        t = time.perf_counter()
-        drafter.propose(ids[context], drafter.block_size - 1)
-        draft.append(time.perf_counter() - t)
-    return {b: statistics.median(x) for b, x in times.items()}, statistics.median(draft)
+        if drafter:
+            t = time.perf_counter()
+            drafter.propose(ids[context], drafter.block_size - 1)
+            draft.append(time.perf_counter() - t)
+    return {b: statistics.median(x) for b, x in times.items()}, statistics.median(draft) if draft else None
+
+
+def bench_verify(
+    verifier: Verifier,
+    *,
+    contexts: Sequence[int] = (128, 512),
+    sizes: Sequence[int] = (1, 2, 4, 8, 12, 16),
+    reps: int = 7,
+) -> dict[str, Any]:
+    """The verify cost table of `verifier` on this machine: {"contexts": {ctx: {size: seconds}}, "relative":
+    {ctx: {size: cost / one-token cost}}} (medians of interleaved repetitions)."""
+    table = {ctx: measure_costs(verifier, None, context=ctx, sizes=sizes, reps=reps)[0] for ctx in contexts}
+    return {
+        "verifier": {"runtime": verifier.runtime, "model": verifier.model_name, "dtype": verifier.dtype},
+        "reps": reps,
+        "seconds": {str(c): {str(b): s for b, s in t.items()} for c, t in table.items()},
+        "relative": {str(c): {str(b): s / t[sizes[0]] for b, s in t.items()} for c, t in table.items()},
+    }
 
 
 @dataclass(frozen=True)

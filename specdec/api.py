@@ -137,8 +137,9 @@ def load_drafter(
     min_confidence: float = 0.0,
 ) -> Drafter | None:
     """`spec`: None/"none" (autoregressive), "prompt-lookup", "bundled:<model>" (a drafter shipped with
-    specdec, e.g. "bundled:smollm2-135m"), or a folder with a DFlash checkpoint. A DFlash spec ending in
-    "+lookup" drafts by prompt lookup where the text repeats and with DFlash elsewhere
+    specdec, e.g. "bundled:smollm2-135m"), a folder with a DFlash checkpoint, or a hub repo id of one
+    (`owner/name`: config.json and *.safetensors only, cached; see `specdec.models.resolve_drafter`). A
+    DFlash spec ending in "+lookup" drafts by prompt lookup where the text repeats and with DFlash elsewhere
     (`LookupFirstDrafter`). `min_confidence` cuts DFlash blocks where the drafter's running top-1
     probability falls below it (worth it where verifying several tokens costs much more than one)."""
     check_device_dtype(device, torch_dtype(dtype))
@@ -156,8 +157,13 @@ def load_drafter(
         if inner is None or inner.name == "prompt-lookup":
             raise ValueError(f"drafter {spec!r}: '+lookup' goes after a DFlash drafter")
         return LookupFirstDrafter(inner, block_size=block_size)
+    asked = spec
     if spec.startswith("bundled:"):
         spec = str(bundled_drafter(spec.removeprefix("bundled:")))
+    elif spec != "prompt-lookup":
+        from specdec.models import resolve_drafter
+
+        spec = str(resolve_drafter(spec))  # a local folder as it is; a hub repo id from the hub cache
     if spec == "prompt-lookup":
         from specdec.ngram import PromptLookupDrafter
 
@@ -173,6 +179,8 @@ def load_drafter(
         drafter = DFlashDrafter.from_pretrained(
             path, device=device, dtype=torch_dtype(dtype), min_confidence=min_confidence
         )
+        if spec != asked and not asked.startswith("bundled:"):
+            drafter.name = asked  # a hub repo id names the drafter, not its cache folder
     drafter.bind(verifier)
     return drafter
 

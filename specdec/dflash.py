@@ -575,6 +575,7 @@ class DFlashDrafter:
         self.device, self.dtype = model.device, model.dtype
         self.measure_memory = measure_memory
         self.proposer: DFlashProposer | None = None
+        self.path: str | None = None  # the checkpoint folder it was loaded from
 
     @classmethod
     def from_pretrained(
@@ -591,7 +592,9 @@ class DFlashDrafter:
             model = DFlashDraftModel(cfg)
         model.load_state_dict(state, strict=True, assign=True)  # names/shapes already checked
         model = model.to(device=device, dtype=dtype)
-        return cls(model, name=Path(path).name, min_confidence=min_confidence)
+        drafter = cls(model, name=Path(path).name, min_confidence=min_confidence)
+        drafter.path = str(path)
+        return drafter
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write this drafter's config + weights in the public format."""

@@ -532,3 +532,34 @@ def resolve_model(arg: str | Path, *, progress: bool = True) -> Path | str:
         f"unknown model {text!r}: not a known name ({', '.join(sorted(MODELS))}), not an existing folder "
         "(no such path), not a hub repo id (owner/name)"
     )
+
+
+#: what a hub drafter download may fetch: the public DFlash format, nothing executable
+DRAFTER_FILES = ("config.json", "*.safetensors")
+
+
+def resolve_drafter(spec: str, *, revision: str | None = None) -> Path:
+    """A drafter folder for `spec`: an existing local folder, or a hub repo id (`owner/name`, e.g. a z-lab
+    DFlash repo) downloaded with huggingface_hub into its cache, only config.json and *.safetensors (no
+    remote code is ever run: the public format is weights and a config). Works offline once cached: the
+    cached snapshot is used without asking the hub when HF_HUB_OFFLINE is set or the hub is unreachable."""
+    path = Path(spec).expanduser()
+    if path.exists() or not _REPO_ID.match(spec) or spec.startswith((".", "~")):
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise ValueError(
+            f"drafter {spec!r} looks like a hub repo id, which needs huggingface_hub: {e}"
+        ) from None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or not _hub_reachable()
+    try:
+        got = snapshot_download(
+            spec, revision=revision, allow_patterns=list(DRAFTER_FILES), local_files_only=offline
+        )
+    except Exception as e:  # LocalEntryNotFoundError offline, RepositoryNotFoundError, HTTP errors
+        where = "in the local Hugging Face cache (offline)" if offline else "on the hub"
+        raise ValueError(
+            f"drafter {spec!r}: not a local folder, and not found {where}: {type(e).__name__}"
+        ) from None
+    return Path(got)

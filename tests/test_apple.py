@@ -220,3 +220,59 @@ def test_metal_dlpack_is_off_without_mps():
 
     if not torch.backends.mps.is_available():
         assert metal_dlpack_ok() is False
+
+
+# ---- hub drafters --------------------------------------------------------------------------------------
+
+
+def _hub_cache(root: Path, repo: str, folder: Path) -> Path:
+    """A Hugging Face hub cache holding `folder`'s files as the latest snapshot of `repo` (the layout
+    huggingface_hub writes: refs/main -> a revision, snapshots/<revision>/<files>)."""
+    import shutil
+
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    snap = root / f"models--{repo.replace('/', '--')}" / "snapshots" / rev
+    snap.mkdir(parents=True)
+    for f in folder.iterdir():
+        shutil.copy(f, snap / f.name)
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text(rev)
+    return root
+
+
+def test_hub_drafter_loads_from_the_cache_offline(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("huggingface_hub")
+    from test_hardening import _stub_drafter_folder
+
+    cache = _hub_cache(tmp_path / "hub", "z-lab/tiny-dflash", _stub_drafter_folder(tmp_path / "d"))
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    code = (
+        "from specdec.api import load_drafter, load_verifier; "
+        "d = load_drafter('z-lab/tiny-dflash', verifier=load_verifier('stub')); print(d.block_size, d.path)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == "4" and "models--z-lab--tiny-dflash" in out.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "specdec.cli", "generate", "--drafter", "z-lab/not-cached", "--prompt", "hi"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "not found in the local Hugging Face cache" in missing.stderr
+
+
+def test_bench_verify_writes_a_cost_table(tmp_path, capsys):
+    import json
+
+    from specdec.cli import main
+
+    out = tmp_path / "costs.json"
+    argv = ["bench-verify", "--verifier", "stub", "--contexts", "16,64", "--sizes", "1,4", "--reps", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    assert set(table["seconds"]) == {"16", "64"} and set(table["seconds"]["16"]) == {"1", "4"}
+    assert table["relative"]["64"]["1"] == 1.0 and table["seconds"]["64"]["4"] > 0
+    assert "context 64" in capsys.readouterr().out
