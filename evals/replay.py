@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.args import Parser, add_verifier_args, at_least, finite, run_main
+from specdec.args import Parser, add_verifier_args, at_least, finite, resolve_dtype_arg, run_main
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, common_prefix_len
 from specdec.ngram import LookupFirstDrafter
@@ -224,7 +224,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         check_output_path(args.out)  # fail before the work, not after it
 
-    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
+    verifier = load_verifier(args.verifier, args.model, dtype=resolve_dtype_arg(args), device=args.device)
     drafter = load_drafter(args.drafter, verifier=verifier, dtype=args.dtype, device=args.device)
     if not isinstance(drafter, DFlashDrafter):
         raise ValueError(

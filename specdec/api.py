@@ -30,6 +30,7 @@ from specdec.records import (
 )
 
 RUNTIMES = ("stub", "hf", "mlx")
+DRAFTER_RUNTIMES = ("torch", "mlx")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -135,13 +136,18 @@ def load_drafter(
     device: str = "cpu",
     dtype: str = "float32",
     min_confidence: float = 0.0,
+    runtime: str = "torch",
 ) -> Drafter | None:
     """`spec`: None/"none" (autoregressive), "prompt-lookup", "bundled:<model>" (a drafter shipped with
     specdec, e.g. "bundled:smollm2-135m"), a folder with a DFlash checkpoint, or a hub repo id of one
     (`owner/name`: config.json and *.safetensors only, cached; see `specdec.models.resolve_drafter`). A
     DFlash spec ending in "+lookup" drafts by prompt lookup where the text repeats and with DFlash elsewhere
     (`LookupFirstDrafter`). `min_confidence` cuts DFlash blocks where the drafter's running top-1
-    probability falls below it (worth it where verifying several tokens costs much more than one)."""
+    probability falls below it (worth it where verifying several tokens costs much more than one).
+    `runtime` "mlx" runs a DFlash drafter in MLX itself (`specdec.dflash_mlx`, with an MLX verifier:
+    nothing crosses to torch); "torch" (default) the PyTorch drafter on `device`."""
+    if runtime not in DRAFTER_RUNTIMES:
+        raise ValueError(f"unknown drafter runtime {runtime!r}; choose one of {DRAFTER_RUNTIMES}")
     check_device_dtype(device, torch_dtype(dtype))
     if min_confidence and (spec in (None, "none") or spec.removesuffix("+lookup") == "prompt-lookup"):
         raise ValueError(f"min_confidence cuts DFlash blocks; drafter {spec!r} has none")
@@ -152,7 +158,7 @@ def load_drafter(
 
         inner = load_drafter(
             spec.removesuffix("+lookup"), verifier=verifier, block_size=block_size, device=device,
-            dtype=dtype, min_confidence=min_confidence,
+            dtype=dtype, min_confidence=min_confidence, runtime=runtime,
         )  # fmt: skip
         if inner is None or inner.name == "prompt-lookup":
             raise ValueError(f"drafter {spec!r}: '+lookup' goes after a DFlash drafter")
@@ -174,11 +180,17 @@ def load_drafter(
             raise ValueError(
                 f"drafter {spec!r}: expected 'none', 'prompt-lookup' or a DFlash checkpoint folder"
             )
-        from specdec.dflash import DFlashDrafter
+        if runtime == "mlx":
+            from specdec.dflash_mlx import MLXDFlashDrafter
 
-        drafter = DFlashDrafter.from_pretrained(
-            path, device=device, dtype=torch_dtype(dtype), min_confidence=min_confidence
-        )
+            name = str(torch_dtype(dtype)).removeprefix("torch.")  # "bf16" -> "bfloat16"
+            drafter = MLXDFlashDrafter.from_pretrained(path, dtype=name, min_confidence=min_confidence)
+        else:
+            from specdec.dflash import DFlashDrafter
+
+            drafter = DFlashDrafter.from_pretrained(
+                path, device=device, dtype=torch_dtype(dtype), min_confidence=min_confidence
+            )
         if spec != asked and not asked.startswith("bundled:"):
             drafter.name = asked  # a hub repo id names the drafter, not its cache folder
     drafter.bind(verifier)
@@ -200,6 +212,7 @@ def run_config(
         if drafter is None
         else {
             "name": drafter.name,
+            "runtime": getattr(drafter, "runtime", "torch"),
             "block_size": drafter.block_size,
             "target_layer_ids": list(drafter.target_layer_ids),
             "path": getattr(drafter, "path", None),

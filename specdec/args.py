@@ -104,6 +104,11 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
         help=f"default: the drafter's ({LOOKUP_BLOCK_SIZE} for prompt lookup)",
     )
     p.add_argument(
+        "--drafter-runtime", choices=("torch", "mlx"), default="torch",
+        help="torch: the PyTorch drafter on --device (any verifier); mlx: the same checkpoint run in MLX "
+        "beside an MLX verifier, nothing crossing to torch",
+    )  # fmt: skip
+    p.add_argument(
         "--min-confidence", type=finite(0, 1), default=0.0,
         help="cut DFlash blocks where the drafter's running top-1 probability falls below this (0: whole "
         "blocks). Worth it where verifying several tokens costs far more than one, as on CPUs",
@@ -132,16 +137,24 @@ def sampling_of(args: argparse.Namespace) -> SamplingParams:
     )  # fmt: skip
 
 
+def resolve_dtype_arg(args: argparse.Namespace) -> str:
+    """Replace `args.dtype` ("auto" or a name) by the dtype to run, with `args.dtype_reason` saying why."""
+    from specdec.api import resolve_dtype
+
+    args.dtype, args.dtype_reason = resolve_dtype(args.dtype, args.verifier, args.device)
+    return args.dtype
+
+
 def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int]:
     """(verifier, drafter or None, block size) from the verifier and drafter options: the block size is
     `--block-size` or the drafter's own (1 without a drafter)."""
-    from specdec.api import load_drafter, load_verifier, resolve_dtype
+    from specdec.api import load_drafter, load_verifier
 
-    args.dtype, args.dtype_reason = resolve_dtype(args.dtype, args.verifier, args.device)
+    resolve_dtype_arg(args)
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
     drafter = load_drafter(
         args.drafter, verifier=verifier, block_size=args.block_size or LOOKUP_BLOCK_SIZE, device=args.device,
-        dtype=args.dtype, min_confidence=args.min_confidence,
+        dtype=args.dtype, min_confidence=args.min_confidence, runtime=args.drafter_runtime,
     )  # fmt: skip
     block = 1 if drafter is None else (args.block_size or drafter.block_size)
     return verifier, drafter, block

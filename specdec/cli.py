@@ -15,6 +15,7 @@ from specdec.args import (
     at_least,
     finite,
     load_models,
+    resolve_dtype_arg,
     run_main,
     sampling_of,
 )
@@ -72,13 +73,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_bench_verify(args: argparse.Namespace) -> int:
     """The loaded verifier's cost of a verify of 1..16 tokens at a few context lengths, as a table."""
-    from specdec.api import load_verifier, resolve_dtype
+    from specdec.api import load_verifier
     from specdec.evals.replay import bench_verify
     from specdec.records import atomic_write_json
 
     out = check_output_path(args.out) if args.out else None
-    dtype, _ = resolve_dtype(args.dtype, args.verifier, args.device)
-    verifier = load_verifier(args.verifier, args.model, dtype=dtype, device=args.device)
+    verifier = load_verifier(args.verifier, args.model, dtype=resolve_dtype_arg(args), device=args.device)
     table = bench_verify(verifier, contexts=args.contexts, sizes=args.sizes, reps=args.reps)
     for ctx, row in table["relative"].items():
         cells = "  ".join(f"{b}: {table['seconds'][ctx][b] * 1e3:.1f} ms ({r:.2f}x)" for b, r in row.items())
@@ -125,7 +125,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # draft only where it is likely accepted: lookup where the text repeats, confident DFlash blocks
     spec = f"bundled:{args.model}" + ("+lookup" if cpu and not args.no_lookup else "")
     conf = args.min_confidence if args.min_confidence is not None else (CPU_MIN_CONFIDENCE if cpu else 0.0)
-    drafter = load_drafter(spec, verifier=verifier, device=device, dtype=dtype, min_confidence=conf)
+    drafter = load_drafter(
+        spec, verifier=verifier, device=device, dtype=dtype, min_confidence=conf, runtime=args.drafter_runtime
+    )
     records = load_dataset("humaneval", args.limit)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size or drafter.block_size)
     print(
@@ -199,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
         "a CPU, else 0)",
     )  # fmt: skip
     d.add_argument("--no-lookup", action="store_true", help="DFlash alone (default on a CPU: +lookup)")
+    d.add_argument(
+        "--drafter-runtime", choices=("torch", "mlx"), default="torch",
+        help="mlx: the drafter in MLX beside an MLX verifier (nothing crosses to torch)",
+    )  # fmt: skip
     d.add_argument("--out", default="runs/demo")
     d.set_defaults(func=cmd_demo)
     return p

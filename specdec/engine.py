@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -82,9 +83,11 @@ def check_request(
             )
 
 
-def _features(verifier: Verifier, drafter: Drafter, n: int) -> torch.Tensor:
+def _features(verifier: Verifier, drafter: Drafter, n: int) -> Any:
     if not drafter.target_layer_ids:  # a drafter that needs no features (prompt lookup, tests)
         return torch.empty(n, 0, device=drafter.device, dtype=drafter.dtype)
+    if getattr(drafter, "runtime", "torch") == verifier.runtime:  # a drafter of the verifier's own runtime
+        return verifier.native_features(n)  # type: ignore[attr-defined]
     return verifier.features(n, device=drafter.device, dtype=drafter.dtype)
 
 

@@ -90,6 +90,7 @@ class LookupFirstDrafter:
         self.feature_dim = drafter.feature_dim
         self.vocab_size = drafter.vocab_size
         self.device, self.dtype = drafter.device, drafter.dtype
+        self.runtime = getattr(drafter, "runtime", "torch")  # features come in the wrapped drafter's runtime
         self.counts = {"lookup": 0, "drafter": 0}  # proposals by source since construction
 
     @property

@@ -400,11 +400,15 @@ class MLXVerifier:
         return out.tolist()  # the sync point
 
     def features(self, n: int, *, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        return to_torch(self.native_features(n), device=device, dtype=dtype)  # [n, K*H]
+
+    def native_features(self, n: int) -> mx.array:
+        """[n, K*H] features of the last call as an mx.array (lazy; for an MLX drafter: nothing crosses)."""
         if self._feats is None:
             raise RuntimeError("no features captured: call set_target_layers() before prefill/verify")
         if not 0 <= n <= self._feats.shape[0]:
             raise ValueError(f"asked for {n} feature rows, the last call captured {self._feats.shape[0]}")
-        return to_torch(self._feats[:n], device=device, dtype=dtype)  # [n, K*H]
+        return self._feats[:n]
 
     # ---- drafter callbacks ---------------------------------------------------------------------------
 

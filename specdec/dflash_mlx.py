@@ -1,0 +1,330 @@
+"""The DFlash drafter in MLX: the same public checkpoint as `specdec.dflash`, run beside an MLX verifier with
+nothing crossing to torch.
+
+Same model as the PyTorch drafter (see `specdec.dflash`): a few Qwen3-style layers whose queries are the
+block `[bonus, MASK x (bs-1)]`, with the verifier's features of the committed context projected once
+(`hidden_norm(fc(features))`) and injected into every layer as extra keys / values. Here:
+- the weights load from the same folder (config.json with `dflash_config`, model.safetensors, the draft
+  vocabulary) with `mx.load`, in the dtype asked for;
+- features arrive as `mx.array` straight from the MLX verifier (`MLXVerifier.native_features`);
+- the block is embedded and read out through the MLX verifier's own embedding and LM head modules
+  (quantized where the verifier is; Gemma's embedding scale and soft-capping as the bridge computes them; a
+  draft vocabulary takes the head's rows once, quantized rows included);
+- the context K/V live in MLX buffers with a length pointer (rollback moves the pointer);
+- a proposal stays lazy until its one sync, the `.tolist()` of the proposed ids.
+mlx is imported by this module only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import torch
+
+from specdec.bridges.mlx import embed_scale, final_softcap, head_module, text_model
+from specdec.checkpoint import SLIDING, DFlashConfig, load_config
+from specdec.memory import mlx_probe
+from specdec.protocols import MemoryProbe, check_compatible
+
+__all__ = ["MLXDFlashDrafter", "MLXDFlashModel"]
+
+_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        H, D, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        self.n_heads, self.n_kv, self.head_dim, self.eps = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            D,
+            cfg.rms_norm_eps,
+        )
+        self.q_proj = nn.Linear(H, self.n_heads * D, bias=bias)
+        self.k_proj = nn.Linear(H, self.n_kv * D, bias=bias)
+        self.v_proj = nn.Linear(H, self.n_kv * D, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * D, H, bias=bias)
+        self.q_norm = nn.RMSNorm(D, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(D, eps=cfg.rms_norm_eps)
+
+
+class _MLP(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: DFlashConfig, index: int) -> None:
+        super().__init__()
+        self.self_attn = _Attention(cfg)
+        self.mlp = _MLP(cfg)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.sliding_window = cfg.sliding_window if cfg.layer_types[index] == SLIDING else None
+
+
+class MLXDFlashModel(nn.Module):
+    """DFlash drafter weights (public parameter names) and the cached block forward, in MLX."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = [_Layer(cfg, i) for i in range(cfg.num_hidden_layers)]
+        self.fc = nn.Linear(cfg.feature_dim, cfg.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def _rope(self, x: mx.array, offset: int) -> mx.array:
+        """Rotate-half RoPE of x [1, heads, T, D] at positions offset..offset+T-1 (as HF Qwen3)."""
+        return mx.fast.rope(
+            x, self.cfg.head_dim, traditional=False, base=self.cfg.rope_theta, scale=1.0, offset=offset
+        )
+
+    def context_kv(self, features: mx.array, start: int) -> list[tuple[mx.array, mx.array]]:
+        """Per-layer (k, v) [1, nkv, n, D] of features [n, K*H] at positions start..start+n-1."""
+        ctx = self.hidden_norm(self.fc(features.astype(self.fc.weight.dtype)[None]))  # [1, n, H]
+        return [self._kv(layer.self_attn, ctx, start) for layer in self.layers]
+
+    def _kv(self, a: _Attention, h: mx.array, start: int) -> tuple[mx.array, mx.array]:
+        B, T, _ = h.shape
+        k = a.k_norm(a.k_proj(h).reshape(B, T, a.n_kv, a.head_dim)).transpose(0, 2, 1, 3)
+        v = a.v_proj(h).reshape(B, T, a.n_kv, a.head_dim).transpose(0, 2, 1, 3)
+        return self._rope(k, start), v
+
+    def block(self, cache: _Cache, embeds: mx.array) -> mx.array:
+        """Hidden states [1, bs, H] after the final norm of the embedded block [1, bs, H] at positions
+        cache.length.., attending to every cached context position (windowed layers: the last window)."""
+        start, bs = cache.length, embeds.shape[1]
+        x = embeds.astype(self.fc.weight.dtype)
+        for i, layer in enumerate(self.layers):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = a.q_norm(a.q_proj(h).reshape(1, bs, a.n_heads, a.head_dim)).transpose(0, 2, 1, 3)
+            q = self._rope(q, start)
+            k, v = self._kv(a, h, start)
+            w = layer.sliding_window
+            lo = 0 if w is None else max(0, start - w + 1)
+            keys = mx.concatenate([cache.k[i][:, :, lo:start], k], axis=2)  # [1, nkv, S, D]
+            values = mx.concatenate([cache.v[i][:, :, lo:start], v], axis=2)
+            mask = _mask(start, bs, lo, w, self.cfg.is_causal)
+            o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=a.head_dim**-0.5, mask=mask)
+            x = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(1, bs, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+
+def _mask(start: int, bs: int, lo: int, window: int | None, causal: bool) -> mx.array | None:
+    """Bool [bs, S] of the window / causal rules for block positions start.. over keys lo..start+bs-1;
+    None when every key is visible (the public non-causal drafters within their window)."""
+    end = start + bs
+    if not causal and (window is None or end - 1 - lo < window):
+        return None
+    rel = mx.arange(start, end)[:, None] - mx.arange(lo, end)[None, :]
+    ok = mx.ones(rel.shape, dtype=mx.bool_)
+    if window is not None:
+        ok = ok & (mx.abs(rel) < window)
+    if causal:
+        ok = ok & (rel >= 0)
+    return ok
+
+
+class _Cache:
+    """Per-layer context K/V [1, nkv, capacity, D] with a length pointer (buffers grow by doubling)."""
+
+    def __init__(self, cfg: DFlashConfig, dtype: mx.Dtype, capacity: int = 256) -> None:
+        self.shape = (1, cfg.num_key_value_heads, capacity, cfg.head_dim)
+        self.k = [mx.zeros(self.shape, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.v = [mx.zeros(self.shape, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.length = 0
+
+    def append(self, kv: list[tuple[mx.array, mx.array]]) -> None:
+        n = kv[0][0].shape[2]
+        end = self.length + n
+        while end > self.k[0].shape[2]:
+            pad = mx.zeros(self.k[0].shape, dtype=self.k[0].dtype)
+            self.k = [mx.concatenate([b, pad], axis=2) for b in self.k]
+            self.v = [mx.concatenate([b, pad], axis=2) for b in self.v]
+        for i, (k, v) in enumerate(kv):
+            self.k[i][:, :, self.length : end] = k.astype(self.k[i].dtype)
+            self.v[i][:, :, self.length : end] = v.astype(self.v[i].dtype)
+        self.length = end
+
+
+def _head_fn(model: nn.Module, rows: Sequence[int] | None) -> Any:
+    """hidden [..., H] -> logits [..., V] (or [..., K] of the draft vocabulary `rows`) through the MLX model's
+    own head module, quantized or not, soft-capped where the model caps (as the bridge computes it). The
+    rows are taken once and evaluated here, so any thread may then decode."""
+    head, cap = head_module(model), final_softcap(model)
+    if rows is None:
+        lin = head.as_linear if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head
+    elif isinstance(head, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        idx = mx.array(list(rows), dtype=mx.int32)
+        w, s, b = head.weight[idx], head.scales[idx], head.get("biases")  # [K, ...] quantized rows
+        b = None if b is None else b[idx]
+        mx.eval(w, s, *(() if b is None else (b,)))
+        gs, bits, mode = head.group_size, head.bits, getattr(head, "mode", "affine")
+        kw = {"mode": mode} if mode != "affine" else {}
+
+        def lin(h: mx.array) -> mx.array:
+            return mx.quantized_matmul(h, w, s, b, transpose=True, group_size=gs, bits=bits, **kw)
+    else:
+        idx = mx.array(list(rows), dtype=mx.int32)
+        w = head.weight[idx]  # [K, H]
+        bias = head.get("bias") if isinstance(head, nn.Linear) else None
+        bias = None if bias is None else bias[idx]
+        mx.eval(w, *(() if bias is None else (bias,)))
+
+        def lin(h: mx.array) -> mx.array:
+            return h @ w.T if bias is None else h @ w.T + bias
+
+    if cap is None:
+        return lin
+    return lambda h: mx.tanh(lin(h) / cap) * cap
+
+
+class MLXDFlashDrafter:
+    """The `Drafter` protocol over `MLXDFlashModel`, for an `MLXVerifier` (`runtime = "mlx"`: the engine
+    hands it the verifier's features as mx.array). `bind(verifier)` before `extend` / `propose`."""
+
+    runtime = "mlx"
+
+    def __init__(
+        self, model: MLXDFlashModel, *, name: str = "dflash-mlx", min_confidence: float = 0.0
+    ) -> None:
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
+        cfg = model.cfg
+        self.model, self.cfg, self.name, self.min_confidence = model, cfg, name, min_confidence
+        self.block_size, self.target_layer_ids = cfg.block_size, tuple(cfg.target_layer_ids)
+        self.feature_dim, self.vocab_size = cfg.feature_dim, cfg.vocab_size
+        self.mask_token_id = cfg.mask_token_id
+        self.device = torch.device("cpu")  # the protocol's torch device: unused, nothing crosses to torch
+        dt = model.fc.weight.dtype
+        self.dtype = {mx.float32: torch.float32, mx.bfloat16: torch.bfloat16, mx.float16: torch.float16}[dt]
+        self.path: str | None = None
+        self._cache: _Cache | None = None
+        self._embed: Any = None
+        self._head: Any = None
+        vocab = list(cfg.draft_vocab) if cfg.draft_vocab is not None else None
+        self._rows = None if vocab is None else mx.array(vocab, dtype=mx.int32)
+        self._mask_col = (
+            (vocab.index(cfg.mask_token_id) if cfg.mask_token_id in vocab else None)
+            if vocab
+            else cfg.mask_token_id
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, dtype: str = "float32", min_confidence: float = 0.0
+    ) -> MLXDFlashDrafter:
+        """Load a public-format checkpoint folder (the one the PyTorch drafter loads)."""
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(_DTYPES)}")
+        cfg = load_config(path)
+        from specdec.checkpoint import load_state_dict
+
+        load_state_dict(path, cfg)  # names and shapes checked (clear errors), as the torch drafter does
+        model = MLXDFlashModel(cfg)
+        weights = mx.load(str(Path(path) / "model.safetensors"))
+        model.load_weights([(k, v.astype(_DTYPES[dtype])) for k, v in weights.items()], strict=True)
+        mx.eval(model.parameters())  # evaluated here: any thread may decode (see specdec.verifiers.mlx)
+        d = cls(model, name=Path(path).name, min_confidence=min_confidence)
+        d.path = str(path)
+        return d
+
+    # ---- protocol ----------------------------------------------------------------------------------------
+
+    @property
+    def context_len(self) -> int:
+        return 0 if self._cache is None else self._cache.length
+
+    def bind(self, verifier: Any) -> None:
+        if getattr(verifier, "runtime", None) != "mlx":
+            raise ValueError(
+                f"the MLX drafter needs an MLX verifier (got {getattr(verifier, 'runtime', None)!r}); "
+                "use the PyTorch drafter (--drafter-runtime torch) with other verifiers"
+            )
+        check_compatible(verifier, self)
+        if self.cfg.num_target_layers != verifier.num_layers:
+            raise ValueError(
+                f"drafter {self.name!r} was built for a target with {self.cfg.num_target_layers} layers, the "
+                f"verifier {verifier.model_name!r} has {verifier.num_layers}"
+            )
+        model = verifier.model
+        inner = text_model(model).model
+        scale = embed_scale(model)
+        self._embed = (
+            (lambda ids: inner.embed_tokens(ids))
+            if scale is None
+            else (lambda ids: inner.embed_tokens(ids) * scale)
+        )
+        rows = None if self.cfg.draft_vocab is None else list(self.cfg.draft_vocab)
+        self._head = _head_fn(model, rows)
+        self.reset()
+
+    def _need(self) -> _Cache:
+        if self._cache is None:
+            raise RuntimeError(f"drafter {self.name!r} is not bound: call bind(verifier) first")
+        return self._cache
+
+    def reset(self) -> None:
+        if self._head is not None:
+            self._cache = _Cache(self.cfg, self.model.fc.weight.dtype)
+
+    def extend(self, features: mx.array, tokens: Sequence[int]) -> None:
+        """Append committed positions: features [n, K*H] (an mx.array from the MLX verifier)."""
+        cache = self._need()
+        if features.ndim != 2 or features.shape != (len(tokens), self.feature_dim):
+            raise ValueError(
+                f"features must be [{len(tokens)}, {self.feature_dim}], got {list(features.shape)}"
+            )
+        if features.shape[0]:
+            cache.append(self.model.context_kv(features, cache.length))
+
+    def block_logits(self, last_token: int, n: int) -> mx.array:
+        """Logits [n, K] (K = V without a draft vocabulary) of block positions 1..n, mask token at -inf."""
+        cache = self._need()
+        ids = mx.array([last_token] + [self.mask_token_id] * (self.block_size - 1), dtype=mx.int32)[None]
+        hidden = self.model.block(cache, self._embed(ids))  # [1, bs, H]
+        logits = self._head(hidden[0, 1 : n + 1]).astype(mx.float32)  # [n, K]
+        if self._mask_col is not None and self._mask_col < logits.shape[-1]:
+            col = mx.arange(logits.shape[-1]) == self._mask_col
+            logits = mx.where(col[None], -math.inf, logits)
+        return logits
+
+    def propose(self, last_token: int, n: int) -> list[int]:
+        if not 0 <= n < self.block_size:
+            raise ValueError(f"can propose 0..{self.block_size - 1} tokens per block, asked for {n}")
+        if n == 0:
+            return []
+        logits = self.block_logits(last_token, n)  # [n, K]
+        best = mx.argmax(logits, axis=-1)
+        if self._rows is not None:
+            best = self._rows[best]  # [n] vocabulary ids
+        if self.min_confidence > 0:  # cut where the running top-1 probability falls below it (see dflash)
+            top = mx.max(mx.softmax(logits, axis=-1), axis=-1)
+            best = mx.where(mx.cumprod(top) < self.min_confidence, -1, best)
+        tokens = best.tolist()  # the one sync of a proposal
+        return tokens[: tokens.index(-1)] if -1 in tokens else tokens
+
+    def rollback(self, n: int) -> None:
+        cache = self._need()
+        if not 0 <= n <= cache.length:
+            raise ValueError(f"cannot roll back {n} positions: the drafter holds {cache.length}")
+        cache.length -= n
+
+    def memory_probe(self) -> MemoryProbe:
+        return mlx_probe()
