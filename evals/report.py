@@ -87,10 +87,12 @@ def format_summary_table(result: dict[str, Any]) -> str:
     peers = _peer_rows(result)
     if peers:
         lines.append("")
-        lines.append(f"{'peer':<24} {'dataset':<10} {'tok/s':>8} {'vs our AR':>10} {'match AR':>9}")
+        cols = f"{'tau':>6} {'tok/s':>8} {'vs our AR':>10} {'match AR':>9}"
+        lines.append(f"{'peer':<24} {'dataset':<10} {cols}")
         for name, ds, f in peers:
             lines.append(
-                f"{name:<24} {ds:<10} {_f(f['tokens_per_s'], '.1f'):>8} "
+                f"{name:<24} {ds:<10} {_f(f.get('acceptance_length_mean')):>6} "
+                f"{_f(f['tokens_per_s'], '.1f'):>8} "
                 f"{_f(f['speedup_vs_baseline'], '.2f', 'x'):>10} {_pct(f['match_rate_vs_baseline']):>9}"
             )
     return "\n".join(lines)
@@ -147,15 +149,16 @@ def render_markdown(result: dict[str, Any], plots: dict[str, str] | None = None)
             "tok/s counts tokens after the first emitted chunk over the time from it to the last chunk; "
             "e2e = all new tokens over the whole call. Ratios are against our AR baseline on the same "
             "prompts; an `hf-generate` / `mlx_lm-stream_generate` ratio below 1 means our AR loop is "
-            "faster than the runtime's own.",
+            "faster than the runtime's own. τ only for peers that are our loop with another drafter.",
             "",
-            "| peer | dataset | n | tok/s | e2e tok/s | vs our AR | e2e vs our AR | TTFT (ms) "
+            "| peer | dataset | n | τ | tok/s | e2e tok/s | vs our AR | e2e vs our AR | TTFT (ms) "
             "| match vs our AR | peak memory |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for name, ds, f in peers:
             md.append(
-                f"| {name} | {ds} | {f['n_prompts']} | {_f(f['tokens_per_s'], '.1f')} "
+                f"| {name} | {ds} | {f['n_prompts']} | {_f(f.get('acceptance_length_mean'))} "
+                f"| {_f(f['tokens_per_s'], '.1f')} "
                 f"| {_f(f['e2e_tokens_per_s'], '.1f')} | {_f(f['speedup_vs_baseline'], '.2f', '×')} "
                 f"| {_f(f['e2e_speedup_vs_baseline'], '.2f', '×')} | {_ms(f['ttft_s'])} "
                 f"| {f['n_match_baseline']}/{f['n_prompts']} | {format_bytes(f['peak_memory_bytes_max'])} |"

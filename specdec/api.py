@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from specdec.args import DRAFTER_RUNTIMES, RUNTIMES
 from specdec.chat import encode_prompt
 from specdec.engine import DecodeConfig, check_request, generate
 from specdec.protocols import Drafter, Verifier
@@ -29,8 +30,6 @@ from specdec.records import (
     summarize,
 )
 
-RUNTIMES = ("stub", "hf", "mlx")
-DRAFTER_RUNTIMES = ("torch", "mlx")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,

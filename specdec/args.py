@@ -35,7 +35,8 @@ __all__ = [
 ]
 
 LOOKUP_BLOCK_SIZE = 16  # prompt lookup has no block size of its own
-RUNTIMES = ("stub", "hf", "mlx")
+RUNTIMES = ("stub", "hf", "mlx")  # verifier runtimes
+DRAFTER_RUNTIMES = ("torch", "mlx")
 
 
 class Parser(argparse.ArgumentParser):
@@ -104,7 +105,7 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
         help=f"default: the drafter's ({LOOKUP_BLOCK_SIZE} for prompt lookup)",
     )
     p.add_argument(
-        "--drafter-runtime", choices=("torch", "mlx"), default="torch",
+        "--drafter-runtime", choices=DRAFTER_RUNTIMES, default="torch",
         help="torch: the PyTorch drafter on --device (any verifier); mlx: the same checkpoint run in MLX "
         "beside an MLX verifier, nothing crossing to torch",
     )  # fmt: skip
@@ -145,17 +146,24 @@ def resolve_dtype_arg(args: argparse.Namespace) -> str:
     return args.dtype
 
 
+def load_drafter_arg(args: argparse.Namespace, verifier: Verifier, *, runtime: str) -> Drafter | None:
+    """The drafter the options name, bound to `verifier`, in drafter runtime `runtime`."""
+    from specdec.api import load_drafter
+
+    return load_drafter(
+        args.drafter, verifier=verifier, block_size=args.block_size or LOOKUP_BLOCK_SIZE, device=args.device,
+        dtype=args.dtype, min_confidence=args.min_confidence, runtime=runtime,
+    )  # fmt: skip
+
+
 def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int]:
     """(verifier, drafter or None, block size) from the verifier and drafter options: the block size is
     `--block-size` or the drafter's own (1 without a drafter)."""
-    from specdec.api import load_drafter, load_verifier
+    from specdec.api import load_verifier
 
     resolve_dtype_arg(args)
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
-    drafter = load_drafter(
-        args.drafter, verifier=verifier, block_size=args.block_size or LOOKUP_BLOCK_SIZE, device=args.device,
-        dtype=args.dtype, min_confidence=args.min_confidence, runtime=args.drafter_runtime,
-    )  # fmt: skip
+    drafter = load_drafter_arg(args, verifier, runtime=args.drafter_runtime)
     block = 1 if drafter is None else (args.block_size or drafter.block_size)
     return verifier, drafter, block
 

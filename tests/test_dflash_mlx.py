@@ -193,3 +193,25 @@ def test_bundled_smollm2_drafter_in_both_runtimes():
     assert [s.acceptance_length for s in runs["torch"].steps] == [
         s.acceptance_length for s in runs["mlx"].steps
     ]
+
+
+def test_eval_runs_both_drafter_runtimes_side_by_side(tmp_path):
+    from specdec.evals.datasets import PromptRecord
+    from specdec.evals.report import format_summary_table
+    from specdec.evals.run import run_eval
+
+    v = MLXVerifier(tinymodels.tiny_tokenizer(tinymodels.tiny_llama(tmp_path / "llama")))
+    t, m = _pair(_checkpoint(tmp_path / "ckpt", v, draft_vocab=True), v)
+    records = [
+        PromptRecord(id=f"p{i}", dataset="toy", messages=[{"role": "user", "content": c}], turns=[c])
+        for i, c in enumerate(("hello there", "a b c a b c"))
+    ]
+    cfg = DecodeConfig(max_new_tokens=12, block_size=8, stop_token_ids=frozenset())
+    res = run_eval(
+        v, records, drafter=t, cfg=cfg, peers=False, progress=False, peer_drafters={"drafter-mlx": m}
+    )
+    peer = res["peers"]["drafter-mlx"]["overall"]
+    assert peer["match_rate_vs_baseline"] == 1.0 and res["eval"]["overall"]["match_rate"] == 1.0
+    assert peer["acceptance_length_mean"] == res["eval"]["overall"]["acceptance_length_mean"]
+    assert peer["peak_memory_bytes_max"]["source"].startswith("mlx")
+    assert "drafter-mlx" in format_summary_table(res)
