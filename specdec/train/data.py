@@ -34,7 +34,7 @@ def seed_of(*parts: int) -> int:
 
 
 class TrainData:
-    """The finished sequences of a corpus' stages (all but "questions" when None), in corpus order."""
+    """The finished sequences of a corpus' stages (all when None), in corpus order."""
 
     def __init__(
         self,
