@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from specdec.engine import DecodeConfig, common_prefix_len
 from specdec.ngram import LookupFirstDrafter
 from specdec.protocols import Verifier
 
-__all__ = ["Position", "ReplayResult", "Trace", "measure_costs", "record", "replay"]
+__all__ = ["Position", "ReplayResult", "Trace", "choose_from_costs", "measure_costs", "record", "replay"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,43 @@ def bench_verify(
         "seconds": {str(c): {str(b): s for b, s in t.items()} for c, t in table.items()},
         "relative": {str(c): {str(b): s / t[sizes[0]] for b, s in t.items()} for c, t in table.items()},
     }
+
+
+#: a row costing more than this fraction of a one-token step is not drafted by `--block-size auto`: it
+#: would need a draft accepted more than half the time, which late DFlash positions rarely are
+MAX_ROW_COST = 0.5
+
+
+def choose_from_costs(table: Mapping[str, Any], *, max_block: int) -> tuple[int, float, str]:
+    """(block size, min confidence, why) from a `bench_verify` table (its relative costs, averaged over
+    contexts). Row k of a verify costs d_k = r(k) - r(k-1) one-token steps (linear between measured
+    sizes); a draft pays when its chance of acceptance exceeds the cost of its row. So the block grows
+    while rows cost at most MAX_ROW_COST (at least 2), and the confidence cut is the costliest row in it:
+    a draft whose running top-1 probability (for a calibrated drafter, its chance of acceptance) is below
+    that costs more than it is expected to give. A table-only rule: the replay tool, which replays real
+    traces of the drafter, finds the best cut for a given drafter and prompts."""
+    rel = table.get("relative") if isinstance(table, Mapping) else None
+    if not rel or not isinstance(rel, Mapping):
+        raise ValueError("the cost table has no 'relative' costs; write it with `specdec bench-verify --out`")
+    try:
+        sizes = sorted({int(b) for row in rel.values() for b in row})
+        r = {b: statistics.mean(float(row[str(b)]) for row in rel.values() if str(b) in row) for b in sizes}
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ValueError(f"malformed cost table ({type(e).__name__}: {e})") from None
+    if sizes[:2] != [1, 2]:
+        raise ValueError(f"the cost table must measure verifies of 1 and 2 tokens; it has sizes {sizes}")
+    row = {
+        k: max(0.0, (r[hi] - r[lo]) / (hi - lo)) for lo, hi in pairwise(sizes) for k in range(lo + 1, hi + 1)
+    }
+    block = 2
+    while block < max_block and row.get(block + 1, float("inf")) <= MAX_ROW_COST:
+        block += 1
+    p = min(0.9, max(row[k] for k in range(2, block + 1)))
+    why = (
+        f"from the cost table: rows 2..{block} cost at most {p:.2f} of a one-token step "
+        f"(a verify of {block} costs {r.get(block, float('nan')):.2f}x one token)"
+    )
+    return block, round(p, 3), why
 
 
 @dataclass(frozen=True)

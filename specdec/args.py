@@ -10,9 +10,11 @@ everywhere (prompt lookup, which has none, drafts blocks of 16). Commands give t
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from specdec.sampling import PROPOSALS, RULES, SamplingParams
@@ -78,6 +80,11 @@ def finite(lo: float = -math.inf, hi: float = math.inf) -> Callable[[str], float
     return parse
 
 
+def or_auto(parse: Callable[[str], float]) -> Callable[[str], float | str]:
+    """argparse type: "auto" or what `parse` accepts."""
+    return lambda text: "auto" if text == "auto" else parse(text)
+
+
 def add_verifier_args(p: argparse.ArgumentParser, *, runtime: str = "stub", model: str | None = None) -> None:
     p.add_argument("--verifier", choices=RUNTIMES, default=runtime)
     p.add_argument(
@@ -100,19 +107,23 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
         "append '+lookup' to a DFlash one for prompt lookup where the text repeats",
     )  # fmt: skip
     p.add_argument(
-        "--block-size",
-        type=at_least(1),
-        help=f"default: the drafter's ({LOOKUP_BLOCK_SIZE} for prompt lookup)",
-    )
+        "--block-size", type=or_auto(at_least(1)),
+        help=f"default: the drafter's ({LOOKUP_BLOCK_SIZE} for prompt lookup); auto: from --costs",
+    )  # fmt: skip
     p.add_argument(
         "--drafter-runtime", choices=DRAFTER_RUNTIMES, default="torch",
         help="torch: the PyTorch drafter on --device (any verifier); mlx: the same checkpoint run in MLX "
         "beside an MLX verifier, nothing crossing to torch",
     )  # fmt: skip
     p.add_argument(
-        "--min-confidence", type=finite(0, 1), default=0.0,
+        "--min-confidence", type=or_auto(finite(0, 1)), default=0.0,
         help="cut DFlash blocks where the drafter's running top-1 probability falls below this (0: whole "
-        "blocks). Worth it where verifying several tokens costs far more than one, as on CPUs",
+        "blocks). Worth it where verifying several tokens costs far more than one, as on CPUs; auto: "
+        "from --costs",
+    )  # fmt: skip
+    p.add_argument(
+        "--costs", metavar="JSON",
+        help="a verify cost table (`specdec bench-verify --out`) for --block-size / --min-confidence auto",
     )  # fmt: skip
 
 
@@ -162,10 +173,50 @@ def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int
     from specdec.api import load_verifier
 
     resolve_dtype_arg(args)
+    table, auto_block, auto_p = _cost_table(args)  # before any load
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
     drafter = load_drafter_arg(args, verifier, runtime=args.drafter_runtime)
+    if table is not None and drafter is not None:
+        from specdec.evals.replay import choose_from_costs
+
+        block, p, why = choose_from_costs(table, max_block=drafter.block_size)
+        if auto_block:
+            args.block_size = block
+        if auto_p:
+            args.min_confidence = p
+            getattr(drafter, "drafter", drafter).min_confidence = p  # the DFlash part of a +lookup one
+        print(f"block size {args.block_size or drafter.block_size}, min confidence {args.min_confidence} "
+              f"({why})", file=sys.stderr)  # fmt: skip
     block = 1 if drafter is None else (args.block_size or drafter.block_size)
     return verifier, drafter, block
+
+
+def _cost_table(args: argparse.Namespace) -> tuple[dict | None, bool, bool]:
+    """(the --costs table or None, block size auto, min confidence auto), checked before any work; the
+    auto options are loaded as their defaults and replaced once the drafter is known."""
+    auto_block, auto_p = args.block_size == "auto", args.min_confidence == "auto"
+    if not (auto_block or auto_p):
+        if args.costs:
+            raise ValueError("--costs is read only with --block-size auto or --min-confidence auto")
+        return None, False, False
+    base = args.drafter.removesuffix("+lookup")
+    if base == "none" or (auto_p and base == "prompt-lookup"):
+        raise ValueError(f"auto block size / confidence cut need a DFlash drafter, not {args.drafter!r}")
+    if not args.costs:
+        raise ValueError(
+            "--block-size auto / --min-confidence auto pick from a measured verify cost table: give "
+            "--costs FILE, written by `specdec bench-verify --out FILE` for this verifier"
+        )
+    try:
+        table = json.loads(Path(args.costs).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--costs {args.costs!r}: cannot read a JSON cost table ({e})") from None
+    from specdec.evals.replay import choose_from_costs
+
+    choose_from_costs(table, max_block=2)  # a malformed table fails here, before any load
+    args.block_size = None if auto_block else args.block_size
+    args.min_confidence = 0.0 if auto_p else args.min_confidence
+    return table, auto_block, auto_p
 
 
 def _one_line(e: BaseException) -> str:

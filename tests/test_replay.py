@@ -102,3 +102,60 @@ def test_failures_are_clear_and_early(tmp_path, capsys):
     assert main(["--verifier", "stub", "--drafter", "prompt-lookup"]) == 2
     assert "give a DFlash drafter" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["f"]  # nothing written
+
+
+def _table(**rel):
+    return {"relative": {"128": {k.removeprefix("b"): v for k, v in rel.items()}}}
+
+
+@pytest.mark.parametrize(
+    ("rel", "block", "p"),
+    [
+        (dict(b1=1, b2=1.02, b4=1.03, b8=1.06, b16=1.15), 16, 0.02),  # GPU-like: whole blocks
+        (dict(b1=1, b2=1.16, b4=1.21, b8=1.30, b16=1.56), 16, 0.16),  # this CPU in fp32 (issue 17)
+        (dict(b1=1, b2=1.1, b4=1.2, b8=3.6), 4, 0.1),  # rows 5..8 cost 0.6 each: stop at 4
+        (dict(b1=1, b2=1.9, b4=3.5), 2, 0.9),  # a second row costs 0.9: one draft, cut at 0.9
+    ],
+)
+def test_auto_block_and_confidence_from_a_cost_table(rel, block, p):
+    from specdec.evals.replay import choose_from_costs
+
+    got_block, got_p, why = choose_from_costs(_table(**rel), max_block=16)
+    assert (got_block, got_p) == (block, p) and "cost table" in why
+    assert choose_from_costs(_table(**rel), max_block=8)[0] == min(block, 8)
+
+
+def test_auto_options_on_the_cli(tmp_path, capsys):
+    import json
+
+    from specdec.cli import main
+
+    ckpt = DFlashDrafter(make_model(stub_cfg())).save_pretrained(tmp_path / "ckpt")
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(_table(b1=1, b2=1.1, b4=1.2, b8=3.6)))
+    base = ["generate", "--verifier", "stub", "--drafter", str(ckpt), "--prompt", "hello",
+            "--max-new-tokens", "6"]  # fmt: skip
+    out = tmp_path / "r.json"
+    argv = [
+        *base,
+        "--block-size",
+        "auto",
+        "--min-confidence",
+        "auto",
+        "--costs",
+        str(costs),
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    cfg = json.loads(out.read_text())["config"]
+    assert "block size 4, min confidence 0.1" in capsys.readouterr().err
+    assert cfg["block_size"] == 4 and cfg["drafter"]["min_confidence"] == 0.1
+    for extra, msg in [
+        (["--block-size", "auto"], "give --costs FILE"),
+        (["--costs", str(costs)], "read only with --block-size auto"),
+        (["--block-size", "auto", "--costs", str(tmp_path)], "cannot read a JSON cost table"),
+        (["--min-confidence", "auto", "--costs", str(ckpt / "config.json")], "no 'relative' costs"),
+    ]:
+        assert main([*base, *extra]) == 2
+        assert msg in capsys.readouterr().err
