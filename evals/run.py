@@ -43,6 +43,7 @@ from specdec.args import (
     add_sampling_args,
     add_verifier_args,
     at_least,
+    check_drafter_runtimes,
     load_drafter_arg,
     load_models,
     run_main,
@@ -518,8 +519,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.drafter in (None, "none"):
         raise ValueError("--drafter none: an eval compares a drafter against the AR baseline")
     check_output_dir(args.out, OUTPUT_NAMES)  # before any work
-    if "mlx" in [args.drafter_runtime, *(args.also_drafter_runtime or ())] and args.verifier != "mlx":
-        raise ValueError("drafter runtime mlx needs --verifier mlx (its features stay MLX arrays)")
+    check_drafter_runtimes(args, [args.drafter_runtime, *(args.also_drafter_runtime or ())])
     sampling = sampling_of(args)
     names = list(dict.fromkeys(args.dataset or ["humaneval"]))
     records: list[PromptRecord] = []

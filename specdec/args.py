@@ -157,6 +157,12 @@ def resolve_dtype_arg(args: argparse.Namespace) -> str:
     return args.dtype
 
 
+def check_drafter_runtimes(args: argparse.Namespace, runtimes: Sequence[str]) -> None:
+    """Before any load: a drafter in MLX reads the verifier's features as MLX arrays."""
+    if "mlx" in runtimes and args.verifier != "mlx":
+        raise ValueError("drafter runtime mlx needs --verifier mlx (its features stay MLX arrays)")
+
+
 def load_drafter_arg(args: argparse.Namespace, verifier: Verifier, *, runtime: str) -> Drafter | None:
     """The drafter the options name, bound to `verifier`, in drafter runtime `runtime`."""
     from specdec.api import load_drafter
@@ -172,6 +178,7 @@ def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int
     `--block-size` or the drafter's own (1 without a drafter)."""
     from specdec.api import load_verifier
 
+    check_drafter_runtimes(args, [args.drafter_runtime])
     resolve_dtype_arg(args)
     table, auto_block, auto_p = _cost_table(args)  # before any load
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)

@@ -143,6 +143,15 @@ class DFlashConfig:
         """K*H: width of one position's target features."""
         return self.num_target_features * self.hidden_size
 
+    @property
+    def mask_column(self) -> int | None:
+        """The logit column of the mask token in the drafter's read-out (never proposed): its id, or its
+        index in the draft vocabulary; None when the draft vocabulary lacks it."""
+        if self.draft_vocab is None:
+            return self.mask_token_id
+        vocab = list(self.draft_vocab)
+        return vocab.index(self.mask_token_id) if self.mask_token_id in vocab else None
+
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, num_target_features: int | None = None) -> DFlashConfig:
         """Parse a public-format config dict. `num_target_features` (K, e.g. from `fc.weight`) picks the
@@ -272,7 +281,8 @@ def public_param_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _require(path: Path, name: str) -> Path:
+def require_file(path: Path, name: str) -> Path:
+    """`path / name`, or FileNotFoundError naming what is missing."""
     if not path.is_dir():
         raise FileNotFoundError(f"DFlash checkpoint folder {str(path)!r} does not exist or is not a folder")
     f = path / name
@@ -296,7 +306,7 @@ def _fc_num_features(weights: Path, hidden_size: int) -> int | None:
 def load_config(path: str | Path) -> DFlashConfig:
     """Read `config.json` of a public-format checkpoint folder."""
     path = Path(path)
-    raw = json.loads(_require(path, CONFIG_NAME).read_text())
+    raw = json.loads(require_file(path, CONFIG_NAME).read_text())
     k = None
     ids = (raw.get("dflash_config") or {}).get("target_layer_ids", raw.get("target_layer_ids"))
     if ids is None and (path / WEIGHTS_NAME).is_file() and "hidden_size" in raw:
@@ -335,7 +345,7 @@ def load_state_dict(path: str | Path, cfg: DFlashConfig | None = None) -> dict[s
 
     path = Path(path)
     cfg = cfg or load_config(path)
-    weights = _require(path, WEIGHTS_NAME)
+    weights = require_file(path, WEIGHTS_NAME)
     try:
         state = load_file(str(weights))
     except Exception as e:  # safetensors' SafetensorError: truncated or not a safetensors file

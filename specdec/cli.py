@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from specdec.args import (
+    DRAFTER_RUNTIMES,
     Parser,
     add_drafter_args,
     add_sampling_args,
@@ -202,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     d.add_argument("--no-lookup", action="store_true", help="DFlash alone (default on a CPU: +lookup)")
     d.add_argument(
-        "--drafter-runtime", choices=("torch", "mlx"), default="torch",
+        "--drafter-runtime", choices=DRAFTER_RUNTIMES, default="torch",
         help="mlx: the drafter in MLX beside an MLX verifier (nothing crosses to torch)",
     )  # fmt: skip
     d.add_argument("--out", default="runs/demo")

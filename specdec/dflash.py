@@ -440,11 +440,7 @@ class DFlashProposer:
         self.model, self.embed_fn, self.lm_head_fn = model, embed_fn, lm_head_fn
         self.cfg = cfg = model.cfg
         self.rows = model.draft_vocab  # [K] or None
-        # the logit column of the mask token (never proposed); None when the draft vocabulary lacks it
-        self._mask_col: int | None = cfg.mask_token_id
-        if cfg.draft_vocab is not None:  # from the config on the host: no device read
-            vocab = list(cfg.draft_vocab)
-            self._mask_col = vocab.index(cfg.mask_token_id) if cfg.mask_token_id in vocab else None
+        self._mask_col = cfg.mask_column  # from the config on the host: no device read
         self.block_size = cfg.block_size
         self.measure_memory = measure_memory
         self.cache = DFlashCache(cfg, device=model.device, dtype=model.dtype, capacity=capacity)

@@ -27,14 +27,21 @@ import mlx.nn as nn
 import torch
 
 from specdec.bridges.mlx import embed_scale, final_softcap, head_module, text_model
-from specdec.checkpoint import SLIDING, DFlashConfig, load_config
+from specdec.checkpoint import (
+    SLIDING,
+    WEIGHTS_NAME,
+    DFlashConfig,
+    check_state_dict,
+    load_config,
+    require_file,
+)
 from specdec.memory import mlx_probe
 from specdec.protocols import MemoryProbe, check_compatible
+from specdec.verifiers.mlx import MLX_DTYPES
 
 __all__ = ["MLXDFlashDrafter", "MLXDFlashModel"]
 
-_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TORCH = {mx.float32: torch.float32, mx.bfloat16: torch.bfloat16, mx.float16: torch.float16}
 
 
 class _Attention(nn.Module):
@@ -163,7 +170,7 @@ class _Cache:
         self.length = end
 
 
-def _head_fn(model: nn.Module, rows: Sequence[int] | None) -> Any:
+def _head_fn(model: nn.Module, rows: mx.array | None) -> Any:
     """hidden [..., H] -> logits [..., V] (or [..., K] of the draft vocabulary `rows`) through the MLX model's
     own head module, quantized or not, soft-capped where the model caps (as the bridge computes it). The
     rows are taken once and evaluated here, so any thread may then decode."""
@@ -171,9 +178,8 @@ def _head_fn(model: nn.Module, rows: Sequence[int] | None) -> Any:
     if rows is None:
         lin = head.as_linear if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head
     elif isinstance(head, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-        idx = mx.array(list(rows), dtype=mx.int32)
-        w, s, b = head.weight[idx], head.scales[idx], head.get("biases")  # [K, ...] quantized rows
-        b = None if b is None else b[idx]
+        w, s, b = head.weight[rows], head.scales[rows], head.get("biases")  # [K, ...] quantized rows
+        b = None if b is None else b[rows]
         mx.eval(w, s, *(() if b is None else (b,)))
         gs, bits, mode = head.group_size, head.bits, getattr(head, "mode", "affine")
         kw = {"mode": mode} if mode != "affine" else {}
@@ -181,10 +187,9 @@ def _head_fn(model: nn.Module, rows: Sequence[int] | None) -> Any:
         def lin(h: mx.array) -> mx.array:
             return mx.quantized_matmul(h, w, s, b, transpose=True, group_size=gs, bits=bits, **kw)
     else:
-        idx = mx.array(list(rows), dtype=mx.int32)
-        w = head.weight[idx]  # [K, H]
+        w = head.weight[rows]  # [K, H]
         bias = head.get("bias") if isinstance(head, nn.Linear) else None
-        bias = None if bias is None else bias[idx]
+        bias = None if bias is None else bias[rows]
         mx.eval(w, *(() if bias is None else (bias,)))
 
         def lin(h: mx.array) -> mx.array:
@@ -212,34 +217,30 @@ class MLXDFlashDrafter:
         self.feature_dim, self.vocab_size = cfg.feature_dim, cfg.vocab_size
         self.mask_token_id = cfg.mask_token_id
         self.device = torch.device("cpu")  # the protocol's torch device: unused, nothing crosses to torch
-        dt = model.fc.weight.dtype
-        self.dtype = {mx.float32: torch.float32, mx.bfloat16: torch.bfloat16, mx.float16: torch.float16}[dt]
+        self.dtype = _TORCH[model.fc.weight.dtype]
         self.path: str | None = None
         self._cache: _Cache | None = None
         self._embed: Any = None
         self._head: Any = None
-        vocab = list(cfg.draft_vocab) if cfg.draft_vocab is not None else None
-        self._rows = None if vocab is None else mx.array(vocab, dtype=mx.int32)
-        self._mask_col = (
-            (vocab.index(cfg.mask_token_id) if cfg.mask_token_id in vocab else None)
-            if vocab
-            else cfg.mask_token_id
-        )
+        self._rows = None if cfg.draft_vocab is None else mx.array(list(cfg.draft_vocab), dtype=mx.int32)
+        self._mask_col = cfg.mask_column
 
     @classmethod
     def from_pretrained(
         cls, path: str | Path, *, dtype: str = "float32", min_confidence: float = 0.0
     ) -> MLXDFlashDrafter:
         """Load a public-format checkpoint folder (the one the PyTorch drafter loads)."""
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(_DTYPES)}")
+        if dtype not in MLX_DTYPES:
+            raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(MLX_DTYPES)}")
         cfg = load_config(path)
-        from specdec.checkpoint import load_state_dict
-
-        load_state_dict(path, cfg)  # names and shapes checked (clear errors), as the torch drafter does
+        file = require_file(Path(path), WEIGHTS_NAME)
+        try:
+            weights = mx.load(str(file))
+        except (RuntimeError, ValueError) as e:  # a truncated file: "invalid data offsets", ...
+            raise ValueError(f"cannot read {str(file)!r} (truncated or not safetensors): {e}") from None
+        check_state_dict(cfg, weights, source=str(file))  # names and shapes, as the torch drafter checks
         model = MLXDFlashModel(cfg)
-        weights = mx.load(str(Path(path) / "model.safetensors"))
-        model.load_weights([(k, v.astype(_DTYPES[dtype])) for k, v in weights.items()], strict=True)
+        model.load_weights([(k, v.astype(MLX_DTYPES[dtype])) for k, v in weights.items()], strict=True)
         mx.eval(model.parameters())  # evaluated here: any thread may decode (see specdec.verifiers.mlx)
         d = cls(model, name=Path(path).name, min_confidence=min_confidence)
         d.path = str(path)
@@ -271,8 +272,7 @@ class MLXDFlashDrafter:
             if scale is None
             else (lambda ids: inner.embed_tokens(ids) * scale)
         )
-        rows = None if self.cfg.draft_vocab is None else list(self.cfg.draft_vocab)
-        self._head = _head_fn(model, rows)
+        self._head = _head_fn(model, self._rows)
         self.reset()
 
     def _need(self) -> _Cache:

@@ -167,6 +167,19 @@ def test_drafter_runtime_flag_and_lookup(tmp_path, capsys):
     import json
 
     assert json.loads(out.read_text())["config"]["drafter"]["runtime"] == "mlx"
+    stub = [
+        "generate",
+        "--verifier",
+        "stub",
+        "--drafter",
+        str(ckpt),
+        "--drafter-runtime",
+        "mlx",
+        "--prompt",
+        "hi",
+    ]
+    assert main(stub) == 2
+    assert "drafter runtime mlx needs --verifier mlx" in capsys.readouterr().err
     with pytest.raises(ValueError, match="needs an MLX verifier"):
         from specdec.verifiers.stub import StubVerifier
 
@@ -215,3 +228,19 @@ def test_eval_runs_both_drafter_runtimes_side_by_side(tmp_path):
     assert peer["acceptance_length_mean"] == res["eval"]["overall"]["acceptance_length_mean"]
     assert peer["peak_memory_bytes_max"]["source"].startswith("mlx")
     assert "drafter-mlx" in format_summary_table(res)
+
+
+def test_unreadable_checkpoints_are_clear_errors(tmp_path):
+    v = MLXVerifier(tinymodels.tiny_llama(tmp_path / "llama"))
+    ckpt = _checkpoint(tmp_path / "ckpt", v, draft_vocab=False)
+    weights = ckpt / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or not safetensors"):
+        MLXDFlashDrafter.from_pretrained(ckpt)
+    mx.save_safetensors(str(weights), {"fc.weight": mx.zeros((3, 3))})
+    with pytest.raises(ValueError, match="does not match the DFlash config"):
+        MLXDFlashDrafter.from_pretrained(ckpt)
+    weights.unlink()
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
+        MLXDFlashDrafter.from_pretrained(ckpt)

@@ -95,14 +95,15 @@ def _attend_invariant(
     return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
 
 
-def _set_attention(model: torch.nn.Module, name: str, fn: Any) -> None:
-    """Switch a model that runs transformers' SDPA attention to `fn` (registered as `name`, same masks)."""
+def _set_attention(model: torch.nn.Module, name: str, fn: Any) -> bool:
+    """Switch a model that runs transformers' SDPA attention (or one of ours) to `fn`, registered as `name`
+    with the same masks; whether it was switched."""
     if getattr(model.config, "_attn_implementation", None) not in (
         "sdpa",
         "specdec_sdpa",
         "specdec_invariant",
     ):
-        return
+        return False
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

@@ -70,7 +70,7 @@ _WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text", "gemma4_text"})
 #: `layer_types` entries of attention layers (anything else is recurrent / linear-attention state)
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
 
-_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+MLX_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
 def _cast(model: nn.Module, dtype: mx.Dtype, *, recast_quantized: bool) -> None:
@@ -177,9 +177,9 @@ class MLXVerifier:
         recast_quantized: bool = False,
     ) -> None:
         if dtype is not None:
-            if dtype not in _DTYPES:
-                raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(_DTYPES)}")
-            _cast(model, _DTYPES[dtype], recast_quantized=recast_quantized)
+            if dtype not in MLX_DTYPES:
+                raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(MLX_DTYPES)}")
+            _cast(model, MLX_DTYPES[dtype], recast_quantized=recast_quantized)
         # evaluate every parameter here: MLX >= 0.32 keeps default streams per thread, and a lazy array (a
         # cast) made on this thread cannot be evaluated on the thread that decodes (a server's, an app's)
         mx.eval(model.parameters())

@@ -158,9 +158,8 @@ class StubVerifier:
             self._kv[li, 1, :, p0 : p0 + T] = v
             keys, vals = self._kv[li, 0, :, : p0 + T], self._kv[li, 1, :, : p0 + T]  # [nh, p0+T, hd]
             if self.invariant:  # [nh, T, hd]
-                att = invariant_attention(q[None], keys[None], vals[None], mask[None, None], scale=hd**-0.5)[
-                    0
-                ]
+                one = invariant_attention(q[None], keys[None], vals[None], mask[None, None], scale=hd**-0.5)
+                att = one[0]
             else:
                 att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
             x = x + att.transpose(0, 1).reshape(T, -1) @ layer.o.T
