@@ -59,29 +59,54 @@ def test_build_resumes_after_an_interruption_exactly(tmp_path):
     assert build_stage(part, v, "s", encode=_encode(v), max_chunks=1, progress=False) == 1
     import specdec.train.corpus as corpus
 
-    real, seen = corpus._answers, []
+    real, seen, asked = corpus._answers, [], []
 
-    def dies(*a, **kw):  # the process is killed in the middle of the second chunk
-        for x in real(*a, **kw):
+    def dies(verifier, items, **kw):  # the process is killed in the middle of the second chunk
+        for x in real(verifier, items, **kw):
             seen.append(x)
-            if len(seen) == 2:
+            if len(seen) == 3:
                 raise KeyboardInterrupt
             yield x
+
+    def counts(verifier, items, **kw):
+        return real(verifier, (asked.append(it[0]) or it for it in items), **kw)
 
     corpus._answers = dies
     try:
         with pytest.raises(KeyboardInterrupt):
             build_stage(part, v, "s", encode=_encode(v), progress=False)
+        assert part.missing_chunks("s") == [1, 2]  # no chunk half-written
+        assert part.partial_path("s").is_file()  # the two answers of chunk 1 are kept
+        assert len(list(part.sequences("s"))) == 3  # readers see whole chunks only
+        part = Corpus(tmp_path / "part")  # a fresh process
+        corpus._answers = counts
+        assert build_stage(part, v, "s", encode=_encode(v), progress=False) == 2
     finally:
         corpus._answers = real
-    assert part.missing_chunks("s") == [1, 2]  # nothing half-written
-    part = Corpus(tmp_path / "part")  # a fresh process
-    assert build_stage(part, v, "s", encode=_encode(v), progress=False) == 2
+    assert asked == [5, 6, 7]  # prompts 3 and 4 were answered before the interruption
+    assert not part.partial_path("s").exists()
     a, b = list(whole.sequences("s")), list(part.sequences("s"))
     assert [s.key for s in a] == [s.key for s in b] == [f"p{i}" for i in range(8)]
     assert all(np.array_equal(x.ids, y.ids) and x.prompt_len == y.prompt_len for x, y in zip(a, b))
     stats = part.stats()["s"]
     assert stats["n_sequences"] == 8 and stats["response_tokens"] > 0
+
+
+def test_a_partial_file_of_other_prompts_is_refused(tmp_path):
+    v = StubVerifier()
+    a = Corpus.create(tmp_path / "a", v, max_len=120)
+    a.start_stage("s", lambda: _prompts(8), budget=10, chunk_size=3)
+    b = Corpus.create(tmp_path / "b", v, max_len=120)
+    b.start_stage(
+        "s", lambda: [(f"q{i}", m) for i, (_, m) in enumerate(_prompts(8))], budget=10, chunk_size=3
+    )
+    from specdec.train import corpus
+
+    corpus._save_partial(a.partial_path("s"), {1: {3: ("p3", [1, 2], [3])}})
+    (tmp_path / "b" / "s" / "partial.npz").write_bytes(a.partial_path("s").read_bytes())
+    with pytest.raises(ValueError, match="does not belong to this stage's prompts"):
+        build_stage(b, v, "s", encode=_encode(v), progress=False)
+    assert build_stage(a, v, "s", encode=_encode(v), progress=False) == 3  # its own stage resumes from it
 
 
 def test_stage_prompts_are_fixed_once_and_settings_checked(tmp_path):

@@ -9,14 +9,18 @@ it is committed and a fresh machine never regenerates it. Layout of a corpus fol
     <stage>/prompts.jsonl.gz   the stage's prompts, fixed when the stage starts: {"key", "messages"} a line
     <stage>/chunk-NNNNN.npz    the results of prompts [N*chunk_size, (N+1)*chunk_size): keys, prompt ids
                                and response ids (int32, flat, with lengths)
+    <stage>/partial.npz        while a build is unfinished: the answers of chunks not yet complete, with
+                               their prompt indices (saved every minute and when a build is interrupted)
 
 A stage is a list of prompts answered greedily with up to `budget` new tokens (ending at the first stop
 token, included). Its prompt list is written once: a later build (another machine, other installed
 package versions) reads the committed list instead of recomputing it, so chunk N always means the same
-prompts. Chunks are written atomically as soon as all their prompts are answered, so a build can be
-stopped at any moment and resumed: only the chunks still missing are generated. An HF verifier answers
-with continuous batching (`specdec.verifiers.hf.generate_many`, rows kept full across chunk boundaries);
-any other verifier through the engine's autoregressive loop, one prompt at a time.
+prompts. Chunks are written atomically as soon as all their prompts are answered, and the answers of
+unfinished chunks go to `partial.npz`, so a build can be stopped at any moment and resumed losing at most
+a minute of work: only the prompts still unanswered are generated. Readers see complete chunks only.
+An HF verifier answers with continuous batching (`specdec.verifiers.hf.generate_many`, rows kept full
+across chunk boundaries); any other verifier through the engine's autoregressive loop, one prompt at a
+time.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import functools
 import gzip
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -131,6 +136,9 @@ class Corpus:
     def missing_chunks(self, stage: str) -> list[int]:
         return [n for n in range(self.n_chunks(stage)) if not self.chunk_path(stage, n).is_file()]
 
+    def partial_path(self, stage: str) -> Path:
+        return self.path / stage / "partial.npz"
+
     # ---- reading ---------------------------------------------------------------------------------------
 
     def sequences(self, stage: str) -> Iterator[TrainSequence]:
@@ -140,13 +148,9 @@ class Corpus:
             p = self.chunk_path(stage, n)
             if not p.is_file():
                 return
-            with np.load(p) as z:
-                keys, plen, rlen = z["keys"], z["prompt_len"], z["response_len"]
-                prompt, response = z["prompt"], z["response"]
-            po, ro = np.concatenate([[0], np.cumsum(plen)]), np.concatenate([[0], np.cumsum(rlen)])
-            for i, key in enumerate(keys.tolist()):
-                ids = np.concatenate([prompt[po[i] : po[i + 1]], response[ro[i] : ro[i + 1]]])
-                yield TrainSequence(key=key, ids=ids.astype(np.int32), prompt_len=int(plen[i]))
+            for key, prompt, response in _read_rows(p)[0]:
+                ids = np.concatenate([prompt, response]).astype(np.int32)
+                yield TrainSequence(key=key, ids=ids, prompt_len=len(prompt))
 
     def responses(self, stage: str) -> dict[str, np.ndarray]:
         """key -> response ids [n] of the finished prompts of `stage`."""
@@ -165,19 +169,36 @@ class Corpus:
         return out
 
 
-def _write_chunk(path: Path, rows: list[tuple[str, list[int], list[int]]]) -> None:
+Row = tuple[str, list[int], list[int]]  # (key, prompt ids, response ids)
+
+
+def _write_rows(path: Path, rows: list[Row], index: list[int] | None = None) -> None:
+    """A chunk file (or, with the rows' prompt indices, a partial file), written atomically."""
     import io
 
     buf = io.BytesIO()
+    extra = {} if index is None else {"index": np.array(index, dtype=np.int64)}
     np.savez_compressed(
         buf,
-        keys=np.array([k for k, _, _ in rows]),
+        keys=np.array([k for k, _, _ in rows], dtype=str),
         prompt_len=np.array([len(p) for _, p, _ in rows], dtype=np.int32),
         response_len=np.array([len(r) for _, _, r in rows], dtype=np.int32),
         prompt=np.array([t for _, p, _ in rows for t in p], dtype=np.int32),
         response=np.array([t for _, _, r in rows for t in r], dtype=np.int32),
+        **extra,
     )
     atomic_write_bytes(path, buf.getvalue())
+
+
+def _read_rows(path: Path) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list[int] | None]:
+    """The rows of a chunk or partial file, and the partial file's prompt indices (None for a chunk)."""
+    with np.load(path) as z:
+        keys, plen, rlen = z["keys"].tolist(), z["prompt_len"], z["response_len"]
+        prompt, response = z["prompt"], z["response"]
+        index = z["index"].tolist() if "index" in z else None
+    po, ro = np.concatenate([[0], np.cumsum(plen)]), np.concatenate([[0], np.cumsum(rlen)])
+    rows = [(k, prompt[po[i] : po[i + 1]], response[ro[i] : ro[i + 1]]) for i, k in enumerate(keys)]
+    return rows, index
 
 
 def _answers(
@@ -194,6 +215,9 @@ def _answers(
         yield key, list(res.output_tokens)
 
 
+PARTIAL_EVERY_S = 60.0  # how often the answers of unfinished chunks are saved
+
+
 def build_stage(
     corpus: Corpus,
     verifier: Verifier,
@@ -204,22 +228,24 @@ def build_stage(
     max_chunks: int | None = None,
     progress: bool = True,
 ) -> int:
-    """Answer the prompts of the missing chunks of `stage` (at most `max_chunks` of them); returns the
-    number of chunks written. A prompt whose ids leave no room under the corpus' max_len gets an empty
-    response and is recorded as such (its chunk still completes)."""
+    """Answer the unanswered prompts of the missing chunks of `stage` (at most `max_chunks` of them);
+    returns the number of chunks written. A prompt whose ids leave no room under the corpus' max_len gets
+    an empty response and is recorded as such (its chunk still completes)."""
     s = corpus.meta["stages"][stage]
     size, budget, max_len = s["chunk_size"], s["budget"], corpus.meta["max_len"]
     todo = corpus.missing_chunks(stage)[:max_chunks]
     if not todo:
         return 0
     prompts = corpus.prompts(stage)
-    results: dict[int, dict[int, tuple[str, list[int], list[int]]]] = {n: {} for n in todo}
+    results = _saved_partial(corpus, stage, prompts, size, todo)  # chunk -> prompt index -> row
     want = {n: len(prompts[n * size : (n + 1) * size]) for n in todo}
     encoded: dict[int, list[int]] = {}
 
     def items() -> Iterator[tuple[int, list[int], int]]:
         for n in todo:
             for i in range(n * size, n * size + want[n]):
+                if i in results[n]:  # answered before an interruption
+                    continue
                 ids = encoded[i] = encode(prompts[i][1])
                 room = min(budget, max_len - len(ids))
                 if room < 1:  # too long for this corpus: an empty answer keeps the chunk whole
@@ -229,17 +255,23 @@ def build_stage(
 
     from tqdm import tqdm
 
-    bar = tqdm(total=sum(want.values()), desc=stage, unit="seq", disable=not progress, file=sys.stderr)
-    written, n_tok, t0 = 0, 0, time.perf_counter()
+    done0 = sum(map(len, results.values()))
+    bar = tqdm(total=sum(want.values()), initial=done0, desc=stage, unit="seq", disable=not progress,
+               file=sys.stderr)  # fmt: skip
+    written, n_tok, t0, saved = 0, 0, time.perf_counter(), [time.monotonic()]
 
-    def flush() -> int:
+    def flush(*, force: bool = False) -> int:
         done = [m for m in results if len(results[m]) == want[m]]
         for m in done:
             rows_m = results.pop(m)
-            _write_chunk(corpus.chunk_path(stage, m), [rows_m[j] for j in sorted(rows_m)])
+            _write_rows(corpus.chunk_path(stage, m), [rows_m[j] for j in sorted(rows_m)])
+        if done or force or time.monotonic() - saved[0] > PARTIAL_EVERY_S:
+            _save_partial(corpus.partial_path(stage), results)
+            saved[0] = time.monotonic()
         return len(done)
 
     try:
+        written += flush()  # chunks an interruption left complete
         for i, resp in _answers(verifier, items(), max_len=max_len, rows=rows):
             results[i // size][i] = (prompts[i][0], encoded.pop(i), resp)
             n_tok += len(resp)
@@ -248,8 +280,39 @@ def build_stage(
             bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}", chunks=written)
         written += flush()  # chunks whose last prompts were all too long
     finally:
+        _save_partial(corpus.partial_path(stage), results)  # also when interrupted
         bar.close()
     return written
+
+
+def _save_partial(path: Path, results: dict[int, dict[int, Row]]) -> None:
+    """The answers of unfinished chunks into `path` (removed when there are none)."""
+    index = sorted(i for r in results.values() for i in r)
+    if not index:
+        path.unlink(missing_ok=True)
+        return
+    flat = {i: row for r in results.values() for i, row in r.items()}
+    _write_rows(path, [flat[i] for i in index], index)
+
+
+def _saved_partial(
+    corpus: Corpus, stage: str, prompts: list[tuple[str, Messages]], size: int, todo: list[int]
+) -> dict[int, dict[int, Row]]:
+    """chunk -> {prompt index: row} for the chunks in `todo`, from the partial file of an interrupted
+    build (checked against the stage's prompts)."""
+    results: dict[int, dict[int, Row]] = {n: {} for n in todo}
+    path = corpus.partial_path(stage)
+    if not path.is_file():
+        return results
+    rows, index = _read_rows(path)
+    for i, (key, prompt, response) in zip(index or [], rows):
+        if not 0 <= i < len(prompts) or prompts[i][0] != key:
+            raise ValueError(
+                f"{str(path)!r} does not belong to this stage's prompts (index {i}, key {key!r})"
+            )
+        if i // size in results:
+            results[i // size][i] = (key, prompt.tolist(), response.tolist())
+    return results
 
 
 # ---- a prompt file as a one-stage corpus (`specdec train --prompts`) -------------------------------------
@@ -374,6 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=128, help="sequences decoded together")
     p.add_argument("--max-len", type=int, default=768, help="prompt + response positions at most")
     args = p.parse_args(argv)
+    # `kill` (SIGTERM) unwinds like Ctrl-C, so the answers of unfinished chunks are saved on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     c = build_default(args.out, load_verifier("hf", args.model), max_len=args.max_len, rows=args.rows,
                       max_chunks=args.max_chunks)  # fmt: skip
     print(json.dumps(c.stats(), indent=1))
