@@ -459,9 +459,13 @@ def self_instruct_seeds(n: int, *, seed: int = 0) -> list[str]:
     return items
 
 
-def parse_instruction(text: str) -> str | None:
+ECHO_N = 6  # an instruction sharing this many consecutive words with its request repeats the request
+
+
+def parse_instruction(text: str, request: str | None = None) -> str | None:
     """The instruction in a self-instruct answer, or None when it does not look like one (too short or
-    long, code, a list). A quoted instruction ('A nurse might ask: "..."') is taken from its quotes;
+    long, code, a list, or a repeat of `request`, the prompt that asked for it: what a base model such as
+    Gemma-3-270M answers). A quoted instruction ('A nurse might ask: "..."') is taken from its quotes;
     otherwise the first non-empty line, labels ("Question:") stripped."""
     quoted = [q.strip() for q in re.findall(r'"([^"]{12,})"', text)]
     if quoted:
@@ -473,6 +477,8 @@ def parse_instruction(text: str) -> str | None:
         line = re.sub(r"^(question|task|q)\s*[:.-]\s*", "", lines[0], flags=re.I).strip().strip('"').strip()
     words = line.split()
     if not 5 <= len(words) <= 60 or line.startswith(("```", "-", "*", "1.")) or "{" in line:
+        return None
+    if request is not None and word_ngrams(line, ECHO_N) & word_ngrams(request, ECHO_N):
         return None
     return line
 

@@ -148,6 +148,11 @@ def test_parse_instruction():
         == "how do bees make honey in winter?"
     )
     assert parse_instruction("Sure!") is None and parse_instruction("```python\nx = 1\n```") is None
+    # a base model (Gemma-3-270M here) repeats the request instead of answering it
+    ask = "Write one question that a photographer might ask an AI assistant about earthquakes."
+    assert parse_instruction(f"{ask} Write only the question. mendatang\npaying", ask) is None
+    got = "How do I photograph the damage an earthquake leaves safely?"
+    assert parse_instruction(f'A photographer might ask: "{got}"', ask) == got
 
 
 def test_committed_prompts_share_no_8_gram_with_the_eval_sets():

@@ -409,7 +409,8 @@ def build_default(
     c.start_stage("questions", lambda: ts.stage_questions(seed=seed), budget=64, chunk_size=512)
     if not run("questions") or left[0] <= 0:
         return c
-    qs = [q for a in answers("questions").values() if (q := ts.parse_instruction(a))]
+    asked = {k: m[-1]["content"] for k, m in c.prompts("questions")}
+    qs = [q for k, a in answers("questions").items() if (q := ts.parse_instruction(a, asked[k]))]
     c.start_stage("turn1", lambda: ts.stage_turn1(qs, seed=seed), budget=256, chunk_size=512)
     if not run("turn1") or left[0] <= 0:
         return c
