@@ -258,16 +258,17 @@ def build_stage(
     done0 = sum(map(len, results.values()))
     bar = tqdm(total=sum(want.values()), initial=done0, desc=stage, unit="seq", disable=not progress,
                file=sys.stderr)  # fmt: skip
-    written, n_tok, t0, saved = 0, 0, time.perf_counter(), [time.monotonic()]
+    written, n_tok, t0, saved_at = 0, 0, time.perf_counter(), time.monotonic()
 
-    def flush(*, force: bool = False) -> int:
+    def flush() -> int:
+        nonlocal saved_at
         done = [m for m in results if len(results[m]) == want[m]]
         for m in done:
             rows_m = results.pop(m)
             _write_rows(corpus.chunk_path(stage, m), [rows_m[j] for j in sorted(rows_m)])
-        if done or force or time.monotonic() - saved[0] > PARTIAL_EVERY_S:
+        if done or time.monotonic() - saved_at > PARTIAL_EVERY_S:
             _save_partial(corpus.partial_path(stage), results)
-            saved[0] = time.monotonic()
+            saved_at = time.monotonic()
         return len(done)
 
     try:
@@ -287,11 +288,11 @@ def build_stage(
 
 def _save_partial(path: Path, results: dict[int, dict[int, Row]]) -> None:
     """The answers of unfinished chunks into `path` (removed when there are none)."""
-    index = sorted(i for r in results.values() for i in r)
-    if not index:
+    flat = {i: row for r in results.values() for i, row in r.items()}
+    if not flat:
         path.unlink(missing_ok=True)
         return
-    flat = {i: row for r in results.values() for i, row in r.items()}
+    index = sorted(flat)
     _write_rows(path, [flat[i] for i in index], index)
 
 
