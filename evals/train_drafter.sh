@@ -5,7 +5,7 @@
 # Every step resumes where it stopped, so the script can be killed at any moment and run again (on another
 # machine too: the corpus is committed; only the training checkpoints in WORK_DIR are local).
 # Environment: MAX_CHUNKS=N generates at most N more corpus chunks and stops (0: train on what is there);
-# STEPS=N trains N steps (default: one epoch over the corpus); INIT=... the checkpoint to warm-start from
+# STEPS=N trains N steps (default: one epoch over the corpus); STAGES=a,b trains on those corpus stages only; INIT=... the checkpoint to warm-start from
 # (SmolLM2 default: the bundled weights as released in commit 97b2c4b, read from git history; Gemma 3 and
 # INIT=none start from scratch). On a GPU add DEVICE=cuda.
 #
@@ -51,7 +51,7 @@ if [ "$INIT" = "$W/init" ] && [ ! -d "$W/init" ]; then
 fi
 ARGS=(--verifier hf --model "$MODEL" --data "$CORPUS" --out "$W/run" --num-layers 2 --block-size 8
   "${SHAPE[@]}" --batch-size 8 --max-anchors 48 --lr 1e-3 --holdout 64 --seed 0 --save-every 20
-  --eval-every 80 ${STEPS:+--steps "$STEPS"} ${DEVICE:+--device "$DEVICE"})
+  --eval-every 80 ${STEPS:+--steps "$STEPS"} ${STAGES:+--stages "$STAGES"} ${DEVICE:+--device "$DEVICE"})
 [ "$INIT" != "none" ] && ARGS+=(--init-from "$INIT")
 specdec train "${ARGS[@]}"
 python - "$W/run" "$W/export" <<'PY'
