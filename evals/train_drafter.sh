@@ -5,9 +5,10 @@
 # Every step resumes where it stopped, so the script can be killed at any moment and run again (on another
 # machine too: the corpus is committed; only the training checkpoints in WORK_DIR are local).
 # Environment: MAX_CHUNKS=N generates at most N more corpus chunks and stops (0: train on what is there);
-# STEPS=N trains N steps (default: one epoch over the corpus); STAGES=a,b trains on those corpus stages only; INIT=... the checkpoint to warm-start from
-# (SmolLM2 default: the bundled weights as released in commit 97b2c4b, read from git history; Gemma 3 and
-# INIT=none start from scratch). On a GPU add DEVICE=cuda.
+# STEPS=N trains N steps (default: one epoch over the corpus); STAGES=a,b trains on those corpus stages
+# only (default all); INIT=... the checkpoint to warm-start from (SmolLM2 default: the bundled weights as
+# released in commit 97b2c4b, read from git history; Gemma 3 and INIT=none start from scratch). On a GPU
+# add DEVICE=cuda.
 #
 # 1. Corpus (specdec.train.corpus, specdec.trainsets; nothing from HumanEval or MT-Bench, checked by word
 #    8-grams) in evals/traindata/MODEL: the verifier answers greedily (fp32, continuous batching) 3000
