@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import gc
+import json
 import subprocess
 import sys
 import types
@@ -41,41 +41,41 @@ def _assert_unmeasured(rec, *words):
 # ---- Linux CPU: VmHWM, real -------------------------------------------------------------------------------
 
 
+# Run in a fresh interpreter: in a full test run the process's resident set carries earlier tests' models,
+# threads and file-backed pages, and twice (gc held off the second time) a 200 MB allocation left VmHWM at
+# exactly the value read at the reset. A new process measures only what the test itself allocates.
+_PEAK_SCRIPT = """
+import json, torch
+from specdec.memory import LinuxProcessProbe
+MB = 1 << 20
+probe = LinuxProcessProbe()
+probe.reset()
+if not probe._can_reset:
+    print(json.dumps(None)); raise SystemExit
+base = probe.read()
+probe.reset()
+x = torch.ones(200 * MB // 4, dtype=torch.float32)  # 200 MB, every page touched
+big = probe.read()
+del x
+probe.reset()  # the high-water mark must drop back to the current RSS
+y = torch.ones(10 * MB // 4, dtype=torch.float32)
+small = probe.read()
+print(json.dumps([base, big, small]))
+"""
+
+
 @linux_only
 def test_linux_cpu_real_peak_grows_and_resets(monkeypatch):
     monkeypatch.setattr(memory, "_platform", lambda: "linux")
-    probe = probe_for_device("cpu")
-    assert isinstance(probe, LinuxProcessProbe)
-    # Garbage left by earlier tests (models in reference cycles) must not be freed mid-test: a collection
-    # that frees more than the test allocates keeps the resident set under the peak read at the reset
-    # (seen once in a full run: VmHWM read equal to the base after a 200 MB allocation).
-    gc.collect()
-    gc.disable()
-    try:
-        _peak_grows_and_resets(probe)
-    finally:
-        gc.enable()
-
-
-def _peak_grows_and_resets(probe: LinuxProcessProbe) -> None:
-    probe.reset()
-    if not probe._can_reset:
+    assert isinstance(probe_for_device("cpu"), LinuxProcessProbe)
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT], capture_output=True, text=True, check=True)
+    readings = json.loads(out.stdout)
+    if readings is None:
         pytest.skip("/proc/self/clear_refs is not writable here")
-    base = probe.read()
-    assert base["source"] == "linux:VmHWM" and base["kind"] == "process_peak"
-
-    probe.reset()
-    x = torch.ones(200 * MB // 4, dtype=torch.float32)  # 200 MB, every page touched
-    big = probe.read()
-    assert big["kind"] == "process_peak"
+    base, big, small = readings
+    assert base["source"] == "linux:VmHWM"
+    assert base["kind"] == big["kind"] == small["kind"] == "process_peak"
     assert big["bytes"] >= base["bytes"] + 150 * MB
-    del x
-
-    probe.reset()  # the high-water mark must drop back to the current RSS
-    y = torch.ones(10 * MB // 4, dtype=torch.float32)
-    small = probe.read()
-    del y
-    assert small["kind"] == "process_peak"
     assert small["bytes"] < big["bytes"] - 100 * MB
 
 
