@@ -173,3 +173,14 @@ def test_committed_prompts_share_no_8_gram_with_the_eval_sets():
                     assert not hit, (f.name, rec["key"], sorted(hit)[:3])
                     n += 1
     assert n > 1000
+
+
+def test_module_entry_point_runs_without_a_double_import():
+    # `python -m specdec.train.corpus` once warned (runpy) that the package had already imported the module.
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-W", "error::RuntimeWarning", "-m", "specdec.train.corpus", "--help"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "usage: python -m specdec.train.corpus" in out.stdout and out.stderr == ""

@@ -9,19 +9,43 @@
    parallel through torch's DDP under torchrun, checkpoints in the public format, resumed exactly.
 """
 
-from specdec.train.cli import add_train_args, cmd_train, main
-from specdec.train.corpus import (
-    Corpus,
-    TrainSequence,
-    build_default,
-    build_from_prompts,
-    build_stage,
-    load_prompts,
-)
-from specdec.train.data import Batch, TrainData, anchor_range, collate, draft_vocabulary, sample_anchors
-from specdec.train.features import TargetFeatures
-from specdec.train.loop import TrainConfig, acceptance_length, drafter_config, train
-from specdec.train.loss import block_loss, default_gamma, position_weights
+import importlib
+from typing import Any
+
+# Names load on first use (PEP 562), so `python -m specdec.train.corpus` does not import the corpus module
+# twice (once through this package, once as __main__: runpy warns and its classes would exist twice).
+_HOME = {
+    "add_train_args": "cli",
+    "cmd_train": "cli",
+    "main": "cli",
+    "Corpus": "corpus",
+    "TrainSequence": "corpus",
+    "build_default": "corpus",
+    "build_from_prompts": "corpus",
+    "build_stage": "corpus",
+    "load_prompts": "corpus",
+    "Batch": "data",
+    "TrainData": "data",
+    "anchor_range": "data",
+    "collate": "data",
+    "draft_vocabulary": "data",
+    "sample_anchors": "data",
+    "TargetFeatures": "features",
+    "TrainConfig": "loop",
+    "acceptance_length": "loop",
+    "drafter_config": "loop",
+    "train": "loop",
+    "block_loss": "loss",
+    "default_gamma": "loss",
+    "position_weights": "loss",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+
 
 __all__ = [
     "Batch",

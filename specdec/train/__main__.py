@@ -2,6 +2,6 @@
 
 import sys
 
-from specdec.train import main
+from specdec.train.cli import main
 
 sys.exit(main())
