@@ -47,28 +47,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
 
 
-__all__ = [
-    "Batch",
-    "Corpus",
-    "TargetFeatures",
-    "TrainConfig",
-    "TrainData",
-    "TrainSequence",
-    "acceptance_length",
-    "add_train_args",
-    "anchor_range",
-    "block_loss",
-    "build_default",
-    "build_from_prompts",
-    "build_stage",
-    "cmd_train",
-    "collate",
-    "default_gamma",
-    "draft_vocabulary",
-    "drafter_config",
-    "load_prompts",
-    "main",
-    "position_weights",
-    "sample_anchors",
-    "train",
-]
+__all__ = sorted(_HOME)
