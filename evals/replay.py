@@ -238,7 +238,10 @@ def replay(
 def main(argv: Sequence[str] | None = None) -> int:
     p = Parser(prog="python -m specdec.evals.replay", description=__doc__.split("\n\n")[0])
     add_verifier_args(p, runtime="hf", model="smollm2-135m")
-    p.add_argument("--drafter", default="bundled:smollm2-135m", help="a DFlash drafter (no '+lookup')")
+    p.add_argument(
+        "--drafter", nargs="+", default=["bundled:smollm2-135m"],
+        help="DFlash drafters (no '+lookup'); several are compared on the same greedy answers",
+    )  # fmt: skip
     p.add_argument("--block-size", type=at_least(2), help="default: the drafter's")
     p.add_argument("--dataset", default="humaneval", choices=("humaneval", "mtbench"))
     p.add_argument("--limit", type=at_least(1), default=10)
@@ -263,48 +266,47 @@ def _run(args: argparse.Namespace) -> int:
         check_output_path(args.out)  # fail before the work, not after it
 
     verifier = load_verifier(args.verifier, args.model, dtype=resolve_dtype_arg(args), device=args.device)
-    drafter = load_drafter(args.drafter, verifier=verifier, dtype=args.dtype, device=args.device)
-    if not isinstance(drafter, DFlashDrafter):
-        raise ValueError(
-            f"--drafter {args.drafter!r}: give a DFlash drafter (lookup is replayed with and without)"
-        )
-    block_size = args.block_size or drafter.block_size
+    drafters = []
+    for name in args.drafter:  # all loaded and checked before the long part
+        d = load_drafter(name, verifier=verifier, dtype=args.dtype, device=args.device)
+        if not isinstance(d, DFlashDrafter):
+            raise ValueError(
+                f"--drafter {name!r}: give a DFlash drafter (lookup is replayed with and without)"
+            )
+        drafters.append((name, d, args.block_size or d.block_size))
+    traces: list[list[Trace]] = [[] for _ in drafters]  # per drafter
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=1)
-    traces: list[Trace] = []
     for rec in load_dataset(args.dataset, limit=args.limit):
         messages = rec.messages
         for turn in range(1, args.turns + 1):
             ids = encode_prompt(verifier, messages)
             pid = rec.id if turn == 1 else f"{rec.id}:turn{turn}"
-            res = generate(verifier, ids, cfg=cfg, prompt_id=pid)  # the greedy answer
-            traces.append(
-                record(verifier, drafter, ids, res.output_tokens, prompt_id=res.id, block_size=block_size)
-            )
+            res = generate(verifier, ids, cfg=cfg, prompt_id=pid)  # the greedy answer, once for all
+            for (_, d, bs), tr in zip(drafters, traces):
+                tr.append(record(verifier, d, ids, res.output_tokens, prompt_id=res.id, block_size=bs))
             print(
                 f"recorded {res.id}: {len(ids)} prompt + {len(res.output_tokens)} output tokens", flush=True
             )
             if turn < args.turns and len(rec.turns) > 1:
                 messages = second_turn_messages(rec, _answer_text(verifier, res))
-    ctx = int(statistics.mean(len(t.output) for t in traces)) + 150
-    costs, draft_s = measure_costs(verifier, drafter, context=ctx)
-    print(
-        "verify ms by tokens:",
-        {b: round(c * 1e3, 1) for b, c in costs.items()},
-        f"drafter {draft_s * 1e3:.1f} ms",
-    )
-    rows = [
-        replay(traces, min_confidence=pc, lookup=lk, block_size=block_size,
-               max_new_tokens=args.max_new_tokens, costs=costs, draft_s=draft_s)
-        for lk in (True, False) for pc in args.grid
-    ]  # fmt: skip
-    print(f"{'policy':28s} {'tau':>6s} {'est speedup':>12s}")
-    for r in rows:
-        name = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}"
-        print(f"{name:28s} {r.tau:6.2f} {r.est_speedup:11.2f}x")
+    ctx = int(statistics.mean(len(t.output) for t in traces[0])) + 150
+    costs, _ = measure_costs(verifier, None, context=ctx)  # one verify table: drafters differ in draft_s only
+    print("verify ms by tokens:", {b: round(c * 1e3, 1) for b, c in costs.items()})
+    report = []
+    print(f"{'drafter':40s} {'policy':16s} {'tau':>6s} {'est speedup':>12s}")
+    for (name, d, bs), tr in zip(drafters, traces):
+        draft_s = measure_costs(verifier, d, context=ctx, sizes=(1,))[1]
+        rows = [
+            replay(tr, min_confidence=pc, lookup=lk, block_size=bs,
+                   max_new_tokens=args.max_new_tokens, costs=costs, draft_s=draft_s)
+            for lk in (True, False) for pc in args.grid
+        ]  # fmt: skip
+        for r in rows:
+            policy = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}"
+            print(f"{name[-40:]:40s} {policy:16s} {r.tau:6.2f} {r.est_speedup:11.2f}x")
+        report.append({"drafter": name, "draft_s": draft_s, "results": [asdict(r) for r in rows]})
     if args.out:
-        atomic_write_json(
-            args.out, {"costs_s": costs, "draft_s": draft_s, "results": [asdict(r) for r in rows]}
-        )
+        atomic_write_json(args.out, {"costs_s": costs, "drafters": report})
     return 0
 
 

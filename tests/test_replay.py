@@ -104,6 +104,25 @@ def test_failures_are_clear_and_early(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["f"]  # nothing written
 
 
+def test_several_drafters_share_the_answers_and_replay_as_alone(tmp_path):
+    import json
+
+    from specdec.evals.replay import main
+
+    a = DFlashDrafter(make_model(stub_cfg(block_size=4), seed=1)).save_pretrained(tmp_path / "a")
+    b = DFlashDrafter(make_model(stub_cfg(), seed=2)).save_pretrained(tmp_path / "b")
+    base = ["--verifier", "stub", "--dataset", "mtbench", "--limit", "1", "--max-new-tokens", "64",
+            "--grid", "0", "0.5"]  # fmt: skip
+    both, alone = tmp_path / "both.json", tmp_path / "alone.json"
+    assert main([*base, "--drafter", str(a), str(b), "--out", str(both)]) == 0
+    assert main([*base, "--drafter", str(b), "--out", str(alone)]) == 0
+    got = json.loads(both.read_text())["drafters"]
+    assert [d["drafter"] for d in got] == [str(a), str(b)]
+    taus = lambda d: [(r["min_confidence"], r["lookup"], r["tau"], r["steps"]) for r in d["results"]]  # noqa: E731
+    assert taus(got[1]) == taus(json.loads(alone.read_text())["drafters"][0])
+    assert taus(got[0]) != taus(got[1])  # block 4 vs 8: each drafter replayed with its own traces
+
+
 def _table(**rel):
     return {"relative": {"128": {k.removeprefix("b"): v for k, v in rel.items()}}}
 
