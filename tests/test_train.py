@@ -129,9 +129,11 @@ def _model_and_batch(stub, data: Path, *, seed: int = 0) -> tuple[DFlashDraftMod
     )
 
 
-def _loss_and_grads(model, batch, embed_fn, head_fn, chunk):
+def _loss_and_grads(model, batch, embed_fn, head_fn, chunk, recompute=True):
     model.zero_grad(set_to_none=True)
-    r = block_loss(model, batch, embed_fn, head_fn, gamma=default_gamma(8), attn_chunk=chunk)
+    r = block_loss(
+        model, batch, embed_fn, head_fn, gamma=default_gamma(8), attn_chunk=chunk, checkpoint=recompute
+    )
     loss = r["loss_sum"] / r["weight_sum"]
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, r
@@ -140,11 +142,12 @@ def _loss_and_grads(model, batch, embed_fn, head_fn, chunk):
 def test_chunked_equals_unchunked_and_train_logits(stub, data: Path) -> None:
     model, batch, embed_fn, head_fn = _model_and_batch(stub, data)
     l_all, g_all, r_all = _loss_and_grads(model, batch, embed_fn, head_fn, None)
-    l_chk, g_chk, r_chk = _loss_and_grads(model, batch, embed_fn, head_fn, 5)  # 12 anchors -> 3 chunks
-    torch.testing.assert_close(l_chk, l_all, rtol=1e-5, atol=1e-6)
-    for n in g_all:
-        torch.testing.assert_close(g_chk[n], g_all[n], rtol=1e-4, atol=1e-6, msg=n)
-    assert r_chk["correct"] == r_all["correct"] and r_chk["accept_sum"] == r_all["accept_sum"]
+    for recompute in (True, False):  # chunks recomputed in the backward or kept
+        l_chk, g_chk, r_chk = _loss_and_grads(model, batch, embed_fn, head_fn, 5, recompute)  # 3 chunks
+        torch.testing.assert_close(l_chk, l_all, rtol=1e-5, atol=1e-6)
+        for n in g_all:
+            torch.testing.assert_close(g_chk[n], g_all[n], rtol=1e-4, atol=1e-6, msg=n)
+        assert r_chk["correct"] == r_all["correct"] and r_chk["accept_sum"] == r_all["accept_sum"]
     # reference: the model's own training forward, loss written out by hand
     logits = model.train_logits(batch.features, batch.ids, batch.anchors, embed_fn, head_fn)  # [B,A,bs,V]
     tpos = (batch.anchors[:, :, None] + torch.arange(1, 8)).clamp(max=batch.ids.shape[1] - 1)
@@ -392,3 +395,15 @@ def test_draft_vocabulary_training(stub: StubVerifier, data: Path, tmp_path: Pat
     with pytest.raises(ValueError, match="kl_weight > 0 with a draft_vocab_size"):
         train(stub, data, tiny(tmp_path / "x", draft_vocab_size=24, kl_weight=1.0))
     assert not (tmp_path / "x").exists()  # refused before anything is written
+
+
+def test_recompute_flag_defaults_to_the_device() -> None:
+    import argparse
+
+    from specdec.train.cli import add_train_args
+
+    p = add_train_args(argparse.ArgumentParser())
+    base = ["--data", "d", "--out", "o", "--verifier", "stub"]
+    assert p.parse_args(base).recompute is None  # None: on CUDA only (TrainConfig.recompute)
+    assert p.parse_args([*base, "--recompute"]).recompute is True
+    assert p.parse_args([*base, "--no-recompute"]).recompute is False

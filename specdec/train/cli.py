@@ -55,6 +55,10 @@ def add_train_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     t.add_argument("--max-anchors", type=at_least(1), default=d.max_anchors)
     t.add_argument("--attn-chunk", type=at_least(1))
+    t.add_argument(
+        "--recompute", action=argparse.BooleanOptionalAction,
+        help="recompute anchor chunks in the backward to save memory (default: on CUDA only)",
+    )  # fmt: skip
     t.add_argument("--gamma", type=finite(0))
     t.add_argument("--kl-weight", type=finite(0), default=d.kl_weight)
     t.add_argument("--seed", type=at_least(0), default=d.seed)
@@ -79,10 +83,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, lr=args.lr,
         draft_vocab_size=args.draft_vocab_size, stages=args.stages, max_sequences=args.max_sequences,
         steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, max_anchors=args.max_anchors,
-        attn_chunk=args.attn_chunk, gamma=args.gamma, kl_weight=args.kl_weight, seed=args.seed,
-        init_from=args.init_from, device=args.device, out_dir=args.out, save_every=args.save_every,
-        eval_every=args.eval_every, holdout=args.holdout, resume=not args.no_resume,
-        progress=not args.no_progress,
+        attn_chunk=args.attn_chunk, recompute=args.recompute, gamma=args.gamma, kl_weight=args.kl_weight,
+        seed=args.seed, init_from=args.init_from, device=args.device, out_dir=args.out,
+        save_every=args.save_every, eval_every=args.eval_every, holdout=args.holdout,
+        resume=not args.no_resume, progress=not args.no_progress,
     )  # fmt: skip
     cfg.validate()
     verifier = load_verifier(args.verifier, args.model)
