@@ -5,6 +5,7 @@ soft labels line up, bad settings raise."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -292,11 +293,28 @@ def test_init_from_starts_from_the_checkpoint(stub, data: Path, tmp_path: Path) 
         torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=1e-6, msg=k)
     a, b = log_rows(tmp_path / "a"), log_rows(tmp_path / "b")
     assert b[0]["loss"] < a[0]["loss"]  # same first batch, trained weights
+    # a deeper run grows the checkpoint: the same first loss (the new layer starts as the identity), its
+    # layer 0 is the checkpoint's, and the new layer learns
+    deeper = train(stub, data, tiny(tmp_path / "g", num_layers=2, steps=2, init_from=str(first)))
+    assert log_rows(tmp_path / "g")[0]["loss"] == pytest.approx(b[0]["loss"], rel=1e-5)
+    wg = load_file(deeper / "model.safetensors")
+    torch.testing.assert_close(wg["fc.weight"], wa["fc.weight"], rtol=0, atol=1e-2)
+    assert wg["layers.1.mlp.down_proj.weight"].abs().max() > 0  # moved off its zero start
     with pytest.raises(ValueError, match=r"differs from this run's in .*'num_hidden_layers'"):
-        train(stub, data, tiny(tmp_path / "c", num_layers=2, steps=1, init_from=str(first)))
+        train(stub, data, tiny(tmp_path / "c", num_layers=1, steps=1, init_from=str(deeper)))  # shallower
     with pytest.raises(FileNotFoundError, match="does not exist"):
         train(stub, data, tiny(tmp_path / "c", steps=1, init_from=str(tmp_path / "missing")))
     assert not (tmp_path / "c").exists()  # refused before anything is written
+
+
+def test_grown_drafter_computes_what_the_checkpoint_computed(stub, data: Path) -> None:
+    from specdec.train import grow_layers
+
+    small, batch, embed_fn, head_fn = _model_and_batch(stub, data)
+    big = DFlashDraftModel(dataclasses.replace(small.cfg, num_hidden_layers=3, layer_types=None))
+    big.load_state_dict(grow_layers(small.state_dict(), big))
+    args = (batch.features, batch.ids, batch.anchors, embed_fn, head_fn)
+    torch.testing.assert_close(big.train_logits(*args), small.train_logits(*args), rtol=1e-5, atol=1e-5)
 
 
 # ---- corpus from a prompt file ----------------------------------------------------------------------------

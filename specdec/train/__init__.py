@@ -34,6 +34,7 @@ _HOME = {
     "TrainConfig": "loop",
     "acceptance_length": "loop",
     "drafter_config": "loop",
+    "grow_layers": "loop",
     "train": "loop",
     "block_loss": "loss",
     "default_gamma": "loss",

@@ -63,7 +63,9 @@ def add_train_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--kl-weight", type=finite(0), default=d.kl_weight)
     t.add_argument("--seed", type=at_least(0), default=d.seed)
     t.add_argument(
-        "--init-from", help="checkpoint folder of the same drafter shape to start from (fresh optimizer)"
+        "--init-from",
+        help="checkpoint folder of the same drafter shape to start from (fresh optimizer); one with fewer "
+        "layers grows: new layers after its own start as the identity",
     )
     t.add_argument("--device")
     t.add_argument("--save-every", type=at_least(1))

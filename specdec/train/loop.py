@@ -45,7 +45,7 @@ from specdec.train.data import (
 from specdec.train.features import TargetFeatures
 from specdec.train.loss import block_loss, default_gamma
 
-__all__ = ["TrainConfig", "acceptance_length", "drafter_config", "train"]
+__all__ = ["TrainConfig", "acceptance_length", "drafter_config", "grow_layers", "train"]
 
 STATE_NAME = "trainer_state.pt"
 LOG_NAME = "train_log.jsonl"
@@ -90,7 +90,8 @@ class TrainConfig:
     seed: int = 0
     # warm start: a public-format checkpoint of the same drafter shape whose weights start this run (fresh
     # optimizer and schedule; its draft vocabulary is kept, so it may train on new data; with held-out
-    # sequences it is evaluated at step 0); a checkpoint already in out_dir still wins (resume)
+    # sequences it is evaluated at step 0); a checkpoint already in out_dir still wins (resume). One with
+    # fewer layers grows into this run's depth, computing what it computed (`grow_layers`)
     init_from: str | None = None
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else cpu
     # bookkeeping
@@ -301,6 +302,21 @@ def _same_drafter(path: str | Path, dcfg: DFlashConfig) -> tuple[list[str], dict
     return sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k)), state
 
 
+def grow_layers(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights for a deeper `model` (same shape otherwise) that computes what the checkpoint
+    computed: its layers come first, and each layer after them starts as the identity, a pre-norm residual
+    layer whose output projections (o_proj, down_proj) are zero, so x + 0 + 0; their other weights keep
+    `model`'s own initialisation, and they learn from the first step (the zero projections get gradients)."""
+    have = {int(k.split(".")[1]) for k in state if k.startswith("layers.")}
+    grown = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    grown.update(state)
+    for k in grown:
+        parts = k.split(".")
+        if parts[0] == "layers" and int(parts[1]) not in have and parts[3] in ("o_proj", "down_proj"):
+            grown[k] = torch.zeros_like(grown[k])
+    return grown
+
+
 def _check_verifier(verifier: Verifier, stored: dict[str, Any]) -> None:
     mine = {
         "model": verifier.model_name, "vocab_size": verifier.vocab_size,
@@ -425,10 +441,14 @@ class _Run:
             return start
         if cfg.init_from is not None:
             diff, state = _same_drafter(cfg.init_from, self.dcfg)
+            have = load_config(cfg.init_from).num_hidden_layers
+            if set(diff) == {"num_hidden_layers", "layer_types"} and have < self.dcfg.num_hidden_layers:
+                state, diff = grow_layers(state, self.model), []
             if diff:
                 raise ValueError(
                     f"cannot start from {cfg.init_from!r}: its drafter differs from this run's in {diff}; "
-                    "train with the shape, layers, block size and data (draft vocabulary) it was trained with"
+                    "train with the shape, block size and data (draft vocabulary) it was trained with, and "
+                    "at least its layers"
                 )
             self.model.load_state_dict({k: v.to(device=dev, dtype=torch.float32) for k, v in state.items()})
         return 0
