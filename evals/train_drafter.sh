@@ -7,8 +7,8 @@
 # Environment: MAX_CHUNKS=N generates at most N more corpus chunks and stops (0: train on what is there);
 # STEPS=N trains N steps (default: one epoch over the corpus); STAGES=a,b trains on those corpus stages
 # only (default all); INIT=... the checkpoint to warm-start from (SmolLM2 default: the bundled weights as
-# released in commit 97b2c4b, read from git history; Gemma 3 and INIT=none start from scratch). On a GPU
-# add DEVICE=cuda.
+# released in commit 97b2c4b, read from git history; Gemma 3 and INIT=none start from scratch); LAYERS=N
+# drafter layers (default 2; a deeper drafter grows from a shallower INIT). On a GPU add DEVICE=cuda.
 #
 # 1. Corpus (specdec.train.corpus, specdec.trainsets; nothing from HumanEval or MT-Bench, checked by word
 #    8-grams) in evals/traindata/MODEL: the verifier answers greedily (fp32, continuous batching) 3000
@@ -51,7 +51,7 @@ if [ "$INIT" = "$W/init" ] && [ ! -d "$W/init" ]; then
   for f in config.json model.safetensors; do git show "$RELEASED/$f" >"$W/init.tmp/$f"; done
   mv "$W/init.tmp" "$W/init"
 fi
-ARGS=(--verifier hf --model "$MODEL" --data "$CORPUS" --out "$W/run" --num-layers 2 --block-size 8
+ARGS=(--verifier hf --model "$MODEL" --data "$CORPUS" --out "$W/run" --num-layers "${LAYERS:-2}" --block-size 8
   "${SHAPE[@]}" --batch-size 8 --max-anchors 96 --attn-chunk 24 --lr 1e-3 --holdout 64 --seed 0
   --save-every 20 --eval-every 125 ${STEPS:+--steps "$STEPS"} ${STAGES:+--stages "$STAGES"} ${DEVICE:+--device "$DEVICE"})
 [ "$INIT" != "none" ] && ARGS+=(--init-from "$INIT")
