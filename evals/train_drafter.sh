@@ -13,7 +13,7 @@
 # 1. Corpus (specdec.train.corpus, specdec.trainsets; nothing from HumanEval or MT-Bench, checked by word
 #    8-grams) in evals/traindata/MODEL: the verifier answers greedily (fp32, continuous batching) 3000
 #    self-instruct requests ("questions", 64 new tokens), then 18565 turn-1 prompts (10126 code prompts
-#    from the standard library and 46 installed packages, 8439 chat instructions incl. its own questions;
+#    from the standard library and 43 installed packages, 8439 chat instructions incl. its own questions;
 #    256), then 3000 follow-up turns to its chat answers ("turn2", 256).
 # 2. Training: features online from the verifier, 2 layers, block 8, a draft vocabulary (8192 for
 #    SmolLM2's 49k, 16384 for Gemma 3's 262k), AdamW lr 1e-3, 4% warmup then cosine, batch 8 x 96 anchors
