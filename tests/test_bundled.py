@@ -1,4 +1,4 @@
-"""The bundled SmolLM2 drafter: public format on disk, binds to the real model, decodes exactly."""
+"""The bundled drafters: public format on disk, bind to their real models, decode exactly."""
 
 from __future__ import annotations
 
@@ -11,17 +11,22 @@ from safetensors import safe_open
 from specdec.api import bundled_drafter, load_drafter
 from specdec.checkpoint import load_checkpoint
 
+# model -> (hidden size, vocabulary, verifier layers) of the verifier it was trained for
+SHAPES = {"smollm2-135m": (576, 49152, 30), "gemma3-270m": (640, 262144, 18)}
 
-def test_bundled_drafter_is_public_format_bf16():
-    path = bundled_drafter("smollm2-135m")
+
+@pytest.mark.parametrize("model", sorted(SHAPES))
+def test_bundled_drafter_is_public_format_bf16(model):
+    hidden, vocab, layers = SHAPES[model]
+    path = bundled_drafter(model)
     raw = json.loads((path / "config.json").read_text())
     assert raw["architectures"] == ["DFlashDraftModel"] and raw["model_type"] == "qwen3"
-    assert raw["hidden_size"] == 576 and raw["vocab_size"] == 49152 and raw["num_target_layers"] == 30
-    assert all(0 <= i < 30 for i in raw["dflash_config"]["target_layer_ids"])
+    assert (raw["hidden_size"], raw["vocab_size"], raw["num_target_layers"]) == (hidden, vocab, layers)
+    assert all(0 <= i < layers for i in raw["dflash_config"]["target_layer_ids"])
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 - not a dict
     cfg, state = load_checkpoint(path)
-    assert state["fc.weight"].shape == (576, 576 * len(cfg.target_layer_ids))
+    assert state["fc.weight"].shape == (hidden, hidden * len(cfg.target_layer_ids))
 
 
 def test_no_bundled_drafter_for_unknown_model():
@@ -31,13 +36,14 @@ def test_no_bundled_drafter_for_unknown_model():
 
 @pytest.mark.slow
 @pytest.mark.hf
-def test_bundled_drafter_binds_and_decodes_exactly():
+@pytest.mark.parametrize("model", sorted(SHAPES))
+def test_bundled_drafter_binds_and_decodes_exactly(model):
     pytest.importorskip("transformers")
     from specdec.api import encode_prompt, load_verifier
     from specdec.engine import DecodeConfig, generate
 
-    v = load_verifier("hf", "smollm2-135m")
-    d = load_drafter("bundled:smollm2-135m", verifier=v)
+    v = load_verifier("hf", model)
+    d = load_drafter(f"bundled:{model}", verifier=v)
     ids = encode_prompt(v, [{"role": "user", "content": "Write a Python function that adds two numbers."}])
     cfg = dict(max_new_tokens=48)
     ar = generate(v, ids, cfg=DecodeConfig(block_size=1, **cfg))
