@@ -8,14 +8,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from specdec.api import bundled_drafter, load_drafter
+from specdec.api import BUNDLED, bundled_drafter, load_drafter
 from specdec.checkpoint import load_checkpoint
 
-# model -> (hidden size, vocabulary, verifier layers) of the verifier it was trained for
+# model -> (hidden size, vocabulary, verifier layers) of its verifier; every entry of BUNDLED needs one
 SHAPES = {"smollm2-135m": (576, 49152, 30), "gemma3-270m": (640, 262144, 18)}
 
 
-@pytest.mark.parametrize("model", sorted(SHAPES))
+@pytest.mark.parametrize("model", sorted(BUNDLED))
 def test_bundled_drafter_is_public_format_bf16(model):
     hidden, vocab, layers = SHAPES[model]
     path = bundled_drafter(model)
@@ -36,7 +36,7 @@ def test_no_bundled_drafter_for_unknown_model():
 
 @pytest.mark.slow
 @pytest.mark.hf
-@pytest.mark.parametrize("model", sorted(SHAPES))
+@pytest.mark.parametrize("model", sorted(BUNDLED))
 def test_bundled_drafter_binds_and_decodes_exactly(model):
     pytest.importorskip("transformers")
     from specdec.api import encode_prompt, load_verifier
