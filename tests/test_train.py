@@ -425,3 +425,20 @@ def test_recompute_flag_defaults_to_the_device() -> None:
     assert p.parse_args(base).recompute is None  # None: on CUDA only (TrainConfig.recompute)
     assert p.parse_args([*base, "--recompute"]).recompute is True
     assert p.parse_args([*base, "--no-recompute"]).recompute is False
+
+
+def test_cli_loads_the_verifier_on_the_training_device(
+    stub, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verifier computes every batch's features, so `--device` must place it too (it once stayed on the
+    CPU under `--device cuda`). Our own loader is wrapped to see where it is asked to load."""
+    import specdec.api
+    from specdec.train.cli import main
+
+    asked: list[str] = []
+    real = specdec.api.load_verifier
+    monkeypatch.setattr(
+        specdec.api, "load_verifier", lambda *a, device="cpu", **kw: asked.append(device) or real(*a, **kw)
+    )
+    assert main([*_cli_args(data, tmp_path / "run"), "--device", "cpu:0"]) == 0  # not the default "cpu"
+    assert asked == ["cpu:0"]

@@ -91,9 +91,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         resume=not args.no_resume, progress=not args.no_progress,
     )  # fmt: skip
     cfg.validate()
-    verifier = load_verifier(args.verifier, args.model)
     ctx = dist_setup(args.device)  # under torchrun: one process group for building and training
     try:
+        # the verifier computes every batch's features, so it runs where the drafter trains (a CUDA run
+        # with the verifier left on the CPU would spend nearly all its time there)
+        verifier = load_verifier(args.verifier, args.model, device=str(ctx.device))
         if args.prompts:
             if ctx.main:  # one builder; the other processes wait for the finished corpus
                 from specdec.train.corpus import build_from_prompts
