@@ -1,5 +1,6 @@
 """Replay drafting policies offline: τ and speed of `--min-confidence P` (with or without `+lookup`)
-for many P from one pass over the verifier's greedy answers, instead of one full eval per P.
+for many P, and of prompt lookup alone, from one pass over the verifier's greedy answers, instead of one
+full eval per policy. It also reports how often each one's first draft is the verifier's next token.
 
 Why it is exact at T = 0: the committed text is the verifier's greedy output whatever is proposed, and
 what the drafter proposes after a position depends only on that position (its context is the committed
@@ -33,7 +34,16 @@ from specdec.engine import DecodeConfig, common_prefix_len
 from specdec.ngram import LookupFirstDrafter
 from specdec.protocols import Verifier
 
-__all__ = ["Position", "ReplayResult", "Trace", "choose_from_costs", "measure_costs", "record", "replay"]
+__all__ = [
+    "Position",
+    "ReplayResult",
+    "Trace",
+    "choose_from_costs",
+    "first_draft_agreement",
+    "measure_costs",
+    "record",
+    "replay",
+]
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,7 @@ def choose_from_costs(table: Mapping[str, Any], *, max_block: int) -> tuple[int,
 class ReplayResult:
     min_confidence: float
     lookup: bool
+    dflash: bool  # False: prompt lookup alone (a one-token step where it has nothing)
     tau: float  # mean acceptance length over decode steps, as the engine reports it
     steps: int
     tokens: int
@@ -199,12 +210,17 @@ def replay(
     *,
     min_confidence: float,
     lookup: bool = True,
+    dflash: bool = True,
     block_size: int = 16,
     max_new_tokens: int | None = None,
     costs: Mapping[int, float] | None = None,
     draft_s: float = 0.0,
 ) -> ReplayResult:
-    """Walk each trace as the engine would with this policy (see the module docstring)."""
+    """Walk each trace as the engine would with this policy (see the module docstring). `dflash=False`
+    replays prompt lookup alone: the engine with `PromptLookupDrafter(block_size, min_ngram=2)`, the
+    lookup half of `LookupFirstDrafter`, so it shows what the DFlash half adds to `+lookup`."""
+    if not (lookup or dflash):
+        raise ValueError("a policy drafts with lookup, DFlash or both")
     sizes = sorted(costs) if costs else []
 
     def cost(b: int) -> float:
@@ -218,7 +234,7 @@ def replay(
         while i < len(out) - 1:
             pos = tr.positions[i]
             k = min(block_size - 1, limit - (i + 1) - 1)  # what the engine lets a step draft
-            if lookup and pos.lookup:
+            if lookup and (pos.lookup or not dflash):
                 draft, ran = pos.lookup[:k], False
             else:
                 draft, ran = _cut(pos, min_confidence)[:k], True
@@ -230,9 +246,23 @@ def replay(
         tokens += len(out) - 1
         ar += (len(out) - 1) * cost(1) if costs else 0.0
     return ReplayResult(
-        min_confidence, lookup, accepted_plus_one / max(steps, 1), steps, tokens,
+        min_confidence, lookup, dflash, accepted_plus_one / max(steps, 1), steps, tokens,
         ar / spent if costs and spent else None,
     )  # fmt: skip
+
+
+def first_draft_agreement(traces: Sequence[Trace]) -> dict[str, float]:
+    """How often the first draft is the verifier's next token, over every position of `traces`: DFlash's
+    (it always drafts), and prompt lookup's where it proposes (`lookup_coverage` of the positions). A
+    drafter far below lookup on text that repeats its prompt has not learnt to copy from its context."""
+    pairs = [(p, tr.output[i + 1]) for tr in traces for i, p in enumerate(tr.positions)]
+    looked = [(p, nxt) for p, nxt in pairs if p.lookup]
+    return {
+        "positions": len(pairs),
+        "dflash": float(np.mean([p.dflash[0] == nxt for p, nxt in pairs])) if pairs else float("nan"),
+        "lookup": float(np.mean([p.lookup[0] == nxt for p, nxt in looked])) if looked else float("nan"),
+        "lookup_coverage": len(looked) / len(pairs) if pairs else float("nan"),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,15 +326,24 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{'drafter':40s} {'policy':16s} {'tau':>6s} {'est speedup':>12s}")
     for (name, d, bs), tr in zip(drafters, traces):
         draft_s = measure_costs(verifier, d, context=ctx, sizes=(1,))[1]
+        policies = [(lk, True, pc) for lk in (True, False) for pc in args.grid] + [(True, False, 0.0)]
         rows = [
-            replay(tr, min_confidence=pc, lookup=lk, block_size=bs,
+            replay(tr, min_confidence=pc, lookup=lk, dflash=df, block_size=bs,
                    max_new_tokens=args.max_new_tokens, costs=costs, draft_s=draft_s)
-            for lk in (True, False) for pc in args.grid
+            for lk, df, pc in policies
         ]  # fmt: skip
         for r in rows:
-            policy = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}"
+            policy = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}" if r.dflash else "lookup alone"
             print(f"{name[-40:]:40s} {policy:16s} {r.tau:6.2f} {r.est_speedup:11.2f}x")
-        report.append({"drafter": name, "draft_s": draft_s, "results": [asdict(r) for r in rows]})
+        agree = first_draft_agreement(tr)
+        print(
+            f"{name[-40:]:40s} first draft = next token: DFlash {agree['dflash']:.3f}; lookup "
+            f"{agree['lookup']:.3f} where it proposes ({agree['lookup_coverage']:.0%} of positions)"
+        )
+        report.append({
+            "drafter": name, "draft_s": draft_s, "first_draft_agreement": agree,
+            "results": [asdict(r) for r in rows],
+        })  # fmt: skip
     if args.out:
         atomic_write_json(args.out, {"costs_s": costs, "drafters": report})
     return 0

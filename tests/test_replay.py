@@ -10,8 +10,8 @@ from test_dflash import make_model, stub_cfg
 
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
-from specdec.evals.replay import measure_costs, record, replay
-from specdec.ngram import LookupFirstDrafter
+from specdec.evals.replay import Position, Trace, first_draft_agreement, measure_costs, record, replay
+from specdec.ngram import LookupFirstDrafter, PromptLookupDrafter
 from specdec.verifiers.stub import StubVerifier
 
 
@@ -39,6 +39,15 @@ def check(verifier, model, prompt, n, ps):
             r = replay([trace], min_confidence=p, lookup=lookup, block_size=bs, max_new_tokens=n)
             assert (r.steps, r.tokens) == (steps, len(base) - 1), (p, lookup)
             assert r.tau == pytest.approx(tau), (p, lookup)
+    alone = PromptLookupDrafter(block_size=16, min_ngram=2)  # the lookup half of LookupFirstDrafter
+    res = generate(verifier, prompt, drafter=alone, cfg=DecodeConfig(max_new_tokens=n, block_size=16))
+    assert res.output_tokens == base
+    r = replay([trace], min_confidence=0.0, dflash=False, block_size=16, max_new_tokens=n)
+    steps = res.decode_steps
+    assert (r.steps, r.tau) == (
+        len(steps),
+        pytest.approx(statistics.mean(s.acceptance_length for s in steps)),
+    )
     return trace
 
 
@@ -57,6 +66,20 @@ def test_replay_equals_the_engine_on_the_stub():
     qs = statistics.quantiles(first, n=4)  # cut points that split the steps
     trace = check(verifier, model, prompt, n, [0.0, *qs])
     assert any(p.lookup for p in trace.positions)  # the lookup path was exercised
+
+
+def test_first_draft_agreement_and_policies():
+    out = [5, 1, 2, 3, 4]
+    pos = [
+        Position((1, 9), (0.9, 0.1), (1, 2)),  # both right
+        Position((7, 9), (0.9, 0.1), ()),  # DFlash wrong, no lookup
+        Position((3, 9), (0.9, 0.1), (8,)),  # lookup wrong
+        Position((9, 9), (0.9, 0.1), ()),
+    ]
+    got = first_draft_agreement([Trace("x", out, pos)])
+    assert got == {"positions": 4, "dflash": 0.5, "lookup": 0.5, "lookup_coverage": 0.5}
+    with pytest.raises(ValueError, match="lookup, DFlash or both"):
+        replay([Trace("x", out, pos)], min_confidence=0.0, lookup=False, dflash=False)
 
 
 def test_costs_and_estimated_speedup():
