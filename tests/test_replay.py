@@ -11,7 +11,7 @@ from test_dflash import make_model, stub_cfg
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.replay import Position, Trace, first_draft_agreement, measure_costs, record, replay
-from specdec.ngram import LookupFirstDrafter, PromptLookupDrafter
+from specdec.ngram import LookupFirstDrafter
 from specdec.verifiers.stub import StubVerifier
 
 
@@ -39,7 +39,7 @@ def check(verifier, model, prompt, n, ps):
             r = replay([trace], min_confidence=p, lookup=lookup, block_size=bs, max_new_tokens=n)
             assert (r.steps, r.tokens) == (steps, len(base) - 1), (p, lookup)
             assert r.tau == pytest.approx(tau), (p, lookup)
-    alone = PromptLookupDrafter(block_size=16, min_ngram=2)  # the lookup half of LookupFirstDrafter
+    alone = LookupFirstDrafter(DFlashDrafter(model), block_size=16).lookup  # its lookup half, alone
     res = generate(verifier, prompt, drafter=alone, cfg=DecodeConfig(max_new_tokens=n, block_size=16))
     assert res.output_tokens == base
     r = replay([trace], min_confidence=0.0, dflash=False, block_size=16, max_new_tokens=n)
