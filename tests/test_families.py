@@ -207,8 +207,9 @@ def test_greedy_equivalence(verifiers, refs, rt, fam, kind):
     v.reset()
     v.prefill(seq[: full.shape[0]])
     expect = v.features(full.shape[0], **KW)
-    # incremental vs one-shot kernels: fp32 noise relative to the activations (Gemma 4's reach ~30)
-    torch.testing.assert_close(full, expect, atol=1e-5 * float(expect.abs().max().clamp(min=1.0)), rtol=1e-5)
+    # incremental vs one-shot kernels (a verify's few rows and a prefill's many run different fp32
+    # products, see specdec.kernels): rounding noise relative to the activations (Gemma 4's reach ~30)
+    torch.testing.assert_close(full, expect, atol=3e-5 * float(expect.abs().max().clamp(min=1.0)), rtol=1e-5)
     v.set_target_layers(())
 
 
