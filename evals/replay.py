@@ -10,6 +10,9 @@ proposal. A policy is then a walk over these records, as `specdec.engine.decode`
 step is charged the measured time of a verify of its length plus the drafter's time when it ran.
 The τ a replay gives is the τ the engine measures (tested); the speedup is an estimate from the cost
 table (it leaves out the loop's own overheads, a few percent).
+With `--corpus DIR` it also replays a drafter the engine does not have yet: n-grams of the verifier's own
+answers in a training corpus (`specdec.ngram.CorpusNgrams`), tried where lookup has nothing, alone and
+before DFlash blocks cut at P = 0.3.
 
     python -m specdec.evals.replay --model smollm2-135m --drafter bundled:smollm2-135m \\
         --dataset humaneval --limit 20 --grid 0 0.2 0.4 0.6 0.8
@@ -23,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,8 +34,11 @@ import torch
 from specdec.args import Parser, add_verifier_args, at_least, finite, resolve_dtype_arg, run_main
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, common_prefix_len
-from specdec.ngram import LookupFirstDrafter
+from specdec.ngram import CorpusNgrams, LookupFirstDrafter
 from specdec.protocols import Verifier
+
+if TYPE_CHECKING:
+    from specdec.train.data import TrainData
 
 __all__ = [
     "Position",
@@ -53,6 +59,8 @@ class Position:
     dflash: tuple[int, ...]  # the drafter's greedy block (block_size - 1 ids)
     confidence: tuple[float, ...]  # its top-1 probabilities
     lookup: tuple[int, ...]  # prompt lookup's proposal; () when the last n-gram never occurred before
+    corpus: tuple[int, ...] = ()  # corpus n-grams' greedy chain (`--corpus`), () without
+    corpus_share: tuple[float, ...] = ()  # the share of each of its tokens after its context
 
 
 @dataclass
@@ -71,9 +79,11 @@ def record(
     *,
     prompt_id: str = "0",
     block_size: int = 16,
+    corpus: CorpusNgrams | None = None,
 ) -> Trace:
     """One teacher-forced pass over prompt + output (`drafter` bound to `verifier`). `block_size` is the
-    engine's (lookup proposes up to block_size - 1 tokens, as in `LookupFirstDrafter`)."""
+    engine's (lookup proposes up to block_size - 1 tokens, as in `LookupFirstDrafter`, and so does
+    `corpus` where given)."""
     prompt, output = list(prompt), list(output)
     P, N = len(prompt), len(output)
     proposer = drafter.proposer
@@ -93,7 +103,10 @@ def record(
         top, best = logits.float().softmax(dim=-1).max(dim=-1)  # [bs-1], [bs-1]
         ids = proposer.rows[best] if proposer.rows is not None else best
         lk = lookup.propose(output[i], block_size - 1)
-        trace.positions.append(Position(tuple(ids.tolist()), tuple(top.tolist()), tuple(lk)))
+        chain = corpus.chain(prompt + output[: i + 1], block_size - 1) if corpus else []
+        trace.positions.append(
+            Position(tuple(ids.tolist()), tuple(top.tolist()), tuple(lk), *map(tuple, zip(*chain)))
+        )
         drafter.extend(feats[P + i : P + i + 1], [output[i]])
         lookup.extend(feats[:0], [output[i]])
     return trace
@@ -195,14 +208,14 @@ class ReplayResult:
     steps: int
     tokens: int
     est_speedup: float | None  # AR time / replayed time, from the cost table; None without one
+    corpus: float | None = None  # the cut of corpus n-gram drafts, tried after lookup; None: not used
 
 
-def _cut(pos: Position, p: float) -> tuple[int, ...]:
+def _cut(draft: tuple[int, ...], confidence: tuple[float, ...], p: float) -> tuple[int, ...]:
     if p <= 0:
-        return pos.dflash
-    run = np.cumprod(pos.confidence)
-    below = np.flatnonzero(run < p)
-    return pos.dflash[: int(below[0])] if len(below) else pos.dflash
+        return draft
+    below = np.flatnonzero(np.cumprod(confidence) < p)
+    return draft[: int(below[0])] if len(below) else draft
 
 
 def replay(
@@ -215,12 +228,16 @@ def replay(
     max_new_tokens: int | None = None,
     costs: Mapping[int, float] | None = None,
     draft_s: float = 0.0,
+    corpus: float | None = None,
 ) -> ReplayResult:
     """Walk each trace as the engine would with this policy (see the module docstring). `dflash=False`
     replays prompt lookup alone: the engine with `PromptLookupDrafter(block_size, min_ngram=2)`, the
-    lookup half of `LookupFirstDrafter`, so it shows what the DFlash half adds to `+lookup`."""
-    if not (lookup or dflash):
-        raise ValueError("a policy drafts with lookup, DFlash or both")
+    lookup half of `LookupFirstDrafter`, so it shows what the DFlash half adds to `+lookup`.
+    `corpus=P` drafts by corpus n-grams (recorded with `record(..., corpus=)`) where lookup has nothing
+    and the chain, cut at running share P, is not empty; then DFlash, if on. A study: the engine has no
+    such drafter yet, and a corpus draft is charged no drafting time (a few binary searches)."""
+    if not (lookup or dflash or corpus is not None):
+        raise ValueError("a policy drafts with lookup, corpus n-grams, DFlash or a mix")
     sizes = sorted(costs) if costs else []
 
     def cost(b: int) -> float:
@@ -234,10 +251,13 @@ def replay(
         while i < len(out) - 1:
             pos = tr.positions[i]
             k = min(block_size - 1, limit - (i + 1) - 1)  # what the engine lets a step draft
-            if lookup and (pos.lookup or not dflash):
+            mined = _cut(pos.corpus, pos.corpus_share, corpus) if corpus is not None else ()
+            if lookup and pos.lookup:
                 draft, ran = pos.lookup[:k], False
+            elif mined or not dflash:
+                draft, ran = mined[:k], False
             else:
-                draft, ran = _cut(pos, min_confidence)[:k], True
+                draft, ran = _cut(pos.dflash, pos.confidence, min_confidence)[:k], True
             a = common_prefix_len(draft, out[i + 1 :])
             steps, accepted_plus_one = steps + 1, accepted_plus_one + a + 1
             if costs:
@@ -247,22 +267,43 @@ def replay(
         ar += (len(out) - 1) * cost(1) if costs else 0.0
     return ReplayResult(
         min_confidence, lookup, dflash, accepted_plus_one / max(steps, 1), steps, tokens,
-        ar / spent if costs and spent else None,
+        ar / spent if costs and spent else None, corpus,
     )  # fmt: skip
 
 
 def first_draft_agreement(traces: Sequence[Trace]) -> dict[str, float]:
     """How often the first draft is the verifier's next token, over every position of `traces`: DFlash's
     (it always drafts), and prompt lookup's where it proposes (`lookup_coverage` of the positions). A
-    drafter far below lookup on text that repeats its prompt has not learnt to copy from its context."""
+    drafter far below lookup on text that repeats its prompt has not learnt to copy from its context.
+    With corpus n-grams recorded: theirs where lookup has nothing and they propose (`corpus_coverage`)."""
     pairs = [(p, tr.output[i + 1]) for tr in traces for i, p in enumerate(tr.positions)]
     looked = [(p, nxt) for p, nxt in pairs if p.lookup]
-    return {
-        "positions": len(pairs),
-        "dflash": float(np.mean([p.dflash[0] == nxt for p, nxt in pairs])) if pairs else float("nan"),
-        "lookup": float(np.mean([p.lookup[0] == nxt for p, nxt in looked])) if looked else float("nan"),
-        "lookup_coverage": len(looked) / len(pairs) if pairs else float("nan"),
-    }
+    mined = [(p, nxt) for p, nxt in pairs if p.corpus and not p.lookup]
+
+    def agree(sub: list[tuple[Position, int]], field: str) -> float:
+        return float(np.mean([getattr(p, field)[0] == nxt for p, nxt in sub])) if sub else float("nan")
+
+    n = len(pairs)
+    out = {
+        "positions": n, "dflash": agree(pairs, "dflash"), "lookup": agree(looked, "lookup"),
+        "lookup_coverage": len(looked) / n if n else float("nan"),
+    }  # fmt: skip
+    if mined:
+        out |= {"corpus": agree(mined, "corpus"), "corpus_coverage": len(mined) / n}
+    return out
+
+
+def _corpus_ngrams(data: TrainData, path: str, verifier: Verifier) -> CorpusNgrams:
+    """Corpus n-grams of the answers in a `specdec.train.corpus` folder written by this verifier's model."""
+    if data.verifier.get("vocab_size") != verifier.vocab_size:
+        raise ValueError(
+            f"--corpus {path!r} was written by {data.verifier.get('model')!r} (vocab "
+            f"{data.verifier.get('vocab_size')}), not by this verifier (vocab {verifier.vocab_size})"
+        )
+    t = time.perf_counter()
+    table = CorpusNgrams(s.ids[s.prompt_len :] for s in data.sequences)
+    print(f"corpus n-grams: {len(data)} answers of {path} in {time.perf_counter() - t:.1f} s", flush=True)
+    return table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -279,6 +320,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=at_least(1), default=256)
     grid = [0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9]
     p.add_argument("--grid", type=finite(0, 1), nargs="+", default=grid, help="--min-confidence values")
+    p.add_argument(
+        "--corpus", metavar="DIR",
+        help="also replay drafting by n-grams of this corpus of the verifier's own answers (a `specdec.train."
+        "corpus` folder, e.g. evals/traindata/smollm2-135m) where lookup has nothing (a study)",
+    )  # fmt: skip
+    p.add_argument("--corpus-cut", type=finite(0, 1), nargs="+", default=[0.2, 0.4], help="their cuts")
     p.add_argument("--out", help="write traces' figures and the cost table here (JSON)")
     p.set_defaults(func=_run)
     return run_main(p, argv)
@@ -291,11 +338,14 @@ def _run(args: argparse.Namespace) -> int:
     from specdec.evals.datasets import load_dataset, second_turn_messages
     from specdec.evals.run import _answer_text
     from specdec.records import atomic_write_json, check_output_path
+    from specdec.train.data import TrainData
 
     if args.out:
         check_output_path(args.out)  # fail before the work, not after it
 
+    data = TrainData(args.corpus) if args.corpus else None  # a bad folder fails before the model loads
     verifier = load_verifier(args.verifier, args.model, dtype=resolve_dtype_arg(args), device=args.device)
+    corpus = _corpus_ngrams(data, args.corpus, verifier) if data else None
     drafters = []
     for name in args.drafter:  # all loaded and checked before the long part
         d = load_drafter(name, verifier=verifier, dtype=args.dtype, device=args.device)
@@ -313,7 +363,11 @@ def _run(args: argparse.Namespace) -> int:
             pid = rec.id if turn == 1 else f"{rec.id}:turn{turn}"
             res = generate(verifier, ids, cfg=cfg, prompt_id=pid)  # the greedy answer, once for all
             for (_, d, bs), tr in zip(drafters, traces):
-                tr.append(record(verifier, d, ids, res.output_tokens, prompt_id=res.id, block_size=bs))
+                tr.append(
+                    record(
+                        verifier, d, ids, res.output_tokens, prompt_id=res.id, block_size=bs, corpus=corpus
+                    )
+                )
             print(
                 f"recorded {res.id}: {len(ids)} prompt + {len(res.output_tokens)} output tokens", flush=True
             )
@@ -326,20 +380,30 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{'drafter':40s} {'policy':16s} {'tau':>6s} {'est speedup':>12s}")
     for (name, d, bs), tr in zip(drafters, traces):
         draft_s = measure_costs(verifier, d, context=ctx, sizes=(1,))[1]
-        policies = [(lk, True, pc) for lk in (True, False) for pc in args.grid] + [(True, False, 0.0)]
+        policies = [(lk, True, pc, None) for lk in (True, False) for pc in args.grid] + [
+            (True, False, 0, None)
+        ]
+        if corpus:  # lookup, then corpus n-grams, then DFlash (or nothing)
+            policies += [(True, df, pc, cc) for cc in args.corpus_cut for df, pc in ((False, 0), (True, 0.3))]
         rows = [
             replay(tr, min_confidence=pc, lookup=lk, dflash=df, block_size=bs,
-                   max_new_tokens=args.max_new_tokens, costs=costs, draft_s=draft_s)
-            for lk, df, pc in policies
+                   max_new_tokens=args.max_new_tokens, costs=costs, draft_s=draft_s, corpus=cc)
+            for lk, df, pc, cc in policies
         ]  # fmt: skip
         for r in rows:
             policy = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}" if r.dflash else "lookup alone"
+            if r.corpus is not None:
+                policy = f"+lookup +corpus P={r.corpus:g}" + (
+                    f" DFlash P={r.min_confidence:g}" if r.dflash else ""
+                )
             print(f"{name[-40:]:40s} {policy:16s} {r.tau:6.2f} {r.est_speedup:11.2f}x")
         agree = first_draft_agreement(tr)
         print(
             f"{name[-40:]:40s} first draft = next token: DFlash {agree['dflash']:.3f}; lookup "
             f"{agree['lookup']:.3f} where it proposes ({agree['lookup_coverage']:.0%} of positions)"
-        )
+            + (f"; corpus {agree['corpus']:.3f} where it proposes and lookup does not "
+               f"({agree['corpus_coverage']:.0%})" if "corpus" in agree else "")
+        )  # fmt: skip
         report.append({
             "drafter": name, "draft_s": draft_s, "first_draft_agreement": agree,
             "results": [asdict(r) for r in rows],

@@ -3,12 +3,15 @@
 No weights and no features, so it runs against any verifier; a useful baseline next to DFlash and the
 drafter of the stub demo. An index from n-gram to its latest position makes each proposal O(block).
 `LookupFirstDrafter` pairs it with a model drafter: lookup where the text repeats, the model elsewhere.
+`CorpusNgrams` looks further than the context: what the verifier's own answers in a corpus put after
+the last few tokens (studied offline by `specdec.evals.replay --corpus`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 from specdec.memory import probe_for_device
@@ -122,3 +125,73 @@ class LookupFirstDrafter:
 
     def memory_probe(self) -> MemoryProbe:
         return self.drafter.memory_probe()
+
+
+_BASE, _MASK = 1_000_003, (1 << 64) - 1  # n-gram keys: a polynomial hash of the ids, modulo 2**64
+
+
+def _key(ids: Sequence[int]) -> int:
+    h = 0
+    for t in ids:
+        h = (h * _BASE + t + 1) & _MASK  # what numpy's uint64 arithmetic in CorpusNgrams computes
+    return h
+
+
+class CorpusNgrams:
+    """Next-token statistics of a corpus (REST / SuffixDecoding style): for each context of 1..max_order
+    tokens seen at least `min_count` times in `sequences`, its most frequent next token (ties: the
+    smallest id) and that token's share of what came next. Built with numpy from token ids (seconds
+    per million tokens); a lookup is one binary search per order, longest order first. Built from the
+    verifier's own answers, it predicts the verifier's habits; a key collision only costs a draft."""
+
+    def __init__(self, sequences: Iterable[Sequence[int]], *, max_order: int = 6, min_count: int = 2) -> None:
+        if max_order < 1 or min_count < 1:
+            raise ValueError(f"need max_order >= 1 and min_count >= 1, got {max_order}, {min_count}")
+        seqs = [np.asarray(s, dtype=np.uint64) for s in sequences if len(s) > 1]
+        toks = np.concatenate(seqs) if seqs else np.zeros(0, np.uint64)  # [N]
+        seq = np.repeat(np.arange(len(seqs)), [len(s) for s in seqs])  # [N] which sequence
+        self.max_order, self.min_count = max_order, min_count
+        self._tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per order: keys, next, share
+        h = np.zeros(len(toks), np.uint64)  # h[j]: key of the n tokens ending at j (once j >= n - 1)
+        with np.errstate(over="ignore"):
+            for n in range(1, max_order + 1):
+                h[n - 1 :] = (
+                    h[n - 2 : -1] * np.uint64(_BASE) + toks[n - 1 :] + np.uint64(1) if n > 1 else toks + 1
+                )
+                j = np.arange(n - 1, len(toks) - 1)
+                j = j[seq[j - n + 1] == seq[j + 1]]  # context and next token in one sequence
+                self._tables.append(self._table(h[j], toks[j + 1].astype(np.int64)))
+
+    def _table(self, ctx: np.ndarray, nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not len(ctx):
+            return ctx, nxt, np.zeros(0)
+        o = np.lexsort((nxt, ctx))
+        ctx, nxt = ctx[o], nxt[o]
+        pair = np.flatnonzero(np.r_[True, (ctx[1:] != ctx[:-1]) | (nxt[1:] != nxt[:-1])])  # (ctx, next) runs
+        count = np.diff(np.r_[pair, len(ctx)])
+        pctx, pnxt = ctx[pair], nxt[pair]
+        group = np.cumsum(np.r_[True, pctx[1:] != pctx[:-1]]) - 1  # context index of each pair
+        total = np.bincount(group, weights=count).astype(np.int64)
+        best = np.lexsort((pnxt, -count, group))  # per context: highest count, then smallest id, first
+        first = best[np.r_[True, group[best][1:] != group[best][:-1]]]
+        keep = total >= self.min_count
+        return pctx[first][keep], pnxt[first][keep], (count[first] / total)[keep]
+
+    def next(self, context: Sequence[int]) -> tuple[int, float] | None:
+        """(most frequent next token, its share) after the longest known suffix of `context`, or None."""
+        for n in range(min(self.max_order, len(context)), 0, -1):
+            keys, nxt, share = self._tables[n - 1]
+            k = np.uint64(_key(context[len(context) - n :]))
+            i = int(np.searchsorted(keys, k))
+            if i < len(keys) and keys[i] == k:
+                return int(nxt[i]), float(share[i])
+        return None
+
+    def chain(self, context: Sequence[int], n: int) -> list[tuple[int, float]]:
+        """Up to `n` tokens drafted greedily, each after the context plus the ones before it, with their
+        shares (the running product of these is the draft's confidence, as a DFlash block's)."""
+        ctx, out = list(context[max(0, len(context) - self.max_order) :]), []
+        while len(out) < n and (hit := self.next(ctx)) is not None:
+            out.append(hit)
+            ctx = [*ctx[1 - self.max_order :], hit[0]] if self.max_order > 1 else [hit[0]]
+        return out

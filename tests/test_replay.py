@@ -6,12 +6,14 @@ from __future__ import annotations
 import statistics
 
 import pytest
+import torch
 from test_dflash import make_model, stub_cfg
 
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.replay import Position, Trace, first_draft_agreement, measure_costs, record, replay
-from specdec.ngram import LookupFirstDrafter
+from specdec.memory import probe_for_device
+from specdec.ngram import CorpusNgrams, LookupFirstDrafter
 from specdec.verifiers.stub import StubVerifier
 
 
@@ -78,7 +80,7 @@ def test_first_draft_agreement_and_policies():
     ]
     got = first_draft_agreement([Trace("x", out, pos)])
     assert got == {"positions": 4, "dflash": 0.5, "lookup": 0.5, "lookup_coverage": 0.5}
-    with pytest.raises(ValueError, match="lookup, DFlash or both"):
+    with pytest.raises(ValueError, match="lookup, corpus n-grams, DFlash or a mix"):
         replay([Trace("x", out, pos)], min_confidence=0.0, lookup=False, dflash=False)
 
 
@@ -201,3 +203,116 @@ def test_auto_options_on_the_cli(tmp_path, capsys):
     ]:
         assert main([*base, *extra]) == 2
         assert msg in capsys.readouterr().err
+
+
+class CorpusDrafter:
+    """The engine's side of a corpus n-gram draft (the engine has no such drafter yet): the table's
+    greedy chain after the committed tokens, cut where its running share falls below `p`."""
+
+    name, block_size, target_layer_ids, feature_dim, vocab_size = "corpus", 16, (), 0, None
+    device, dtype = torch.device("cpu"), torch.float32
+
+    def __init__(self, table: CorpusNgrams, p: float) -> None:
+        self.table, self.p, self.tokens = table, p, []
+
+    context_len = property(lambda self: len(self.tokens))
+    bind = reset = lambda self, *a: self.tokens.clear()
+    memory_probe = lambda self: probe_for_device("cpu")  # noqa: E731
+
+    def extend(self, features, tokens):
+        self.tokens += tokens
+
+    def rollback(self, n):
+        del self.tokens[len(self.tokens) - n :]
+
+    def propose(self, last_token, n):
+        chain = self.table.chain([*self.tokens, last_token], n)
+        run, out = 1.0, []
+        for tok, share in chain:
+            run *= share
+            if run < self.p:
+                break
+            out.append(tok)
+        return out
+
+
+def test_corpus_policy_equals_the_engine_on_the_stub():
+    verifier = StubVerifier()
+    cfg = DecodeConfig(max_new_tokens=40, block_size=1)
+    answers = [  # the corpus: the verifier's own answers to other prompts
+        generate(verifier, verifier.tokenizer.encode(t), cfg=cfg).output_tokens
+        for t in ("speculative", "decoding is exact", "a b c d", "drafts and verifies")
+    ]
+    table = CorpusNgrams(answers, max_order=4, min_count=1)
+    prompt = verifier.tokenizer.encode("speculative decoding")
+    base = generate(verifier, prompt, cfg=cfg).output_tokens
+    drafter = DFlashDrafter(make_model(stub_cfg()))
+    drafter.bind(verifier)
+    trace = record(verifier, drafter, prompt, base, corpus=table)
+    assert any(p.corpus and not p.lookup for p in trace.positions)  # the corpus path is exercised
+    for cut in (0.0, 0.5, 0.9):
+        engine = LookupFirstDrafter(CorpusDrafter(table, cut), block_size=16)
+        res = generate(verifier, prompt, drafter=engine, cfg=DecodeConfig(max_new_tokens=40, block_size=16))
+        assert res.output_tokens == base
+        r = replay([trace], min_confidence=0.0, dflash=False, corpus=cut, block_size=16, max_new_tokens=40)
+        steps = res.decode_steps
+        assert (r.steps, r.tau) == (
+            len(steps),
+            pytest.approx(statistics.mean(s.acceptance_length for s in steps)),
+        )
+
+
+def test_corpus_policy_order_lookup_then_corpus_then_dflash():
+    out = [5, 1, 2, 3, 4, 6, 8, 9]
+    no = Position((0,), (0.9,), ())  # nothing from lookup or corpus; DFlash wrong
+    pos = [
+        Position((9,), (0.9,), (1, 2), (1,), (1.0,)),  # lookup comes first: 1, 2 accepted
+        no,
+        no,
+        Position((9,), (0.9,), (), (4, 6), (0.6, 0.5)),  # corpus: 4, 6 at cut 0.2 (0.6 * 0.5 = 0.3); 4 at 0.4
+        no,
+        Position((8,), (0.9,), (), (7,), (0.1,)),  # corpus below either cut: DFlash's 8, or nothing
+        no,
+    ]
+    trace = Trace("x", out, pos)
+
+    def walk(**kw):
+        r = replay([trace], min_confidence=0.0, block_size=4, **kw)
+        return r.steps, r.tau
+
+    assert walk(corpus=0.2, dflash=False) == (3, 7 / 3)  # steps 0 -> 3 -> 6 -> 7
+    assert walk(corpus=0.4, dflash=False) == (4, 7 / 4)  # 0 -> 3 -> 5 -> 6 -> 7
+    assert walk(corpus=0.4, dflash=True) == (3, 7 / 3)  # 0 -> 3 -> 5 -> 7
+    assert walk(dflash=True) == (4, 7 / 4)  # no corpus: lookup, then DFlash: 0 -> 3 -> 4 -> 5 -> 7
+    got = first_draft_agreement([trace])
+    assert got["corpus"] == 0.5 and got["corpus_coverage"] == 2 / 7
+
+
+def test_corpus_on_the_cli(tmp_path, capsys):
+    import json
+
+    from specdec.evals.replay import main
+    from specdec.train.corpus import Corpus, build_stage
+
+    v = StubVerifier()
+    corpus = Corpus.create(tmp_path / "corpus", v, max_len=120)
+    prompts = [(f"p{i}", [{"role": "user", "content": f"write about topic {i}"}]) for i in range(6)]
+    corpus.start_stage("s", lambda: prompts, budget=40, chunk_size=3)
+    build_stage(corpus, v, "s", encode=lambda m: v.tokenizer.encode(m[0]["content"]), progress=False)
+    ckpt = DFlashDrafter(make_model(stub_cfg())).save_pretrained(tmp_path / "ckpt")
+    base = ["--verifier", "stub", "--drafter", str(ckpt), "--dataset", "mtbench", "--limit", "1",
+            "--max-new-tokens", "32", "--grid", "0"]  # fmt: skip
+    out = tmp_path / "r.json"
+    assert main([*base, "--corpus", str(tmp_path / "corpus"), "--corpus-cut", "0.3", "--out", str(out)]) == 0
+    assert "+lookup +corpus P=0.3" in capsys.readouterr().out
+    (got,) = json.loads(out.read_text())["drafters"]
+    assert [(r["corpus"], r["dflash"]) for r in got["results"] if r["corpus"] is not None] == [
+        (0.3, False), (0.3, True),
+    ]  # fmt: skip
+    assert main([*base, "--corpus", str(ckpt)]) == 2  # not a corpus: refused before the model loads
+    assert "is not a corpus" in capsys.readouterr().err
+    meta = json.loads((tmp_path / "corpus" / "corpus.json").read_text())
+    meta["verifier"]["vocab_size"] += 1
+    (tmp_path / "corpus" / "corpus.json").write_text(json.dumps(meta))
+    assert main([*base, "--corpus", str(tmp_path / "corpus")]) == 2
+    assert "not by this verifier" in capsys.readouterr().err

@@ -1,0 +1,72 @@
+"""`CorpusNgrams` against a plain-Python count of the same corpus."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+
+import pytest
+
+from specdec.ngram import CorpusNgrams
+
+
+def reference(seqs, max_order, min_count):
+    """{context tuple: (next, share)} counted with dicts: most frequent next, ties to the smallest id."""
+    counts: dict[tuple[int, ...], Counter] = defaultdict(Counter)
+    for s in seqs:
+        for j in range(len(s) - 1):
+            for n in range(1, min(max_order, j + 1) + 1):
+                counts[tuple(s[j - n + 1 : j + 1])][s[j + 1]] += 1
+    out = {}
+    for ctx, c in counts.items():
+        total = sum(c.values())
+        if total >= min_count:
+            nxt, k = min(c.items(), key=lambda kv: (-kv[1], kv[0]))
+            out[ctx] = (nxt, k / total)
+    return out
+
+
+@pytest.mark.parametrize("max_order,min_count", [(1, 1), (3, 1), (4, 2)])
+def test_matches_a_plain_count(max_order, min_count):
+    rng = random.Random(0)
+    # a small vocabulary so contexts repeat; one-token and empty sequences contribute nothing
+    seqs = [[rng.randrange(6) for _ in range(rng.randrange(0, 40))] for _ in range(30)] + [[3], []]
+    ref = reference(seqs, max_order, min_count)
+    table = CorpusNgrams(seqs, max_order=max_order, min_count=min_count)
+    for ctx in {*ref, *((a, b) for a in range(7) for b in range(7))}:  # known contexts and unknown ones
+        want = None  # the longest known suffix decides
+        for n in range(min(max_order, len(ctx)), 0, -1):
+            if ctx[-n:] in ref:
+                want = ref[ctx[-n:]]
+                break
+        got = table.next(list(ctx))
+        assert (got is None) == (want is None), ctx
+        if got:
+            assert got[0] == want[0] and got[1] == pytest.approx(want[1]), ctx
+
+
+def test_no_context_crosses_a_sequence_boundary():
+    table = CorpusNgrams([[1, 2], [3, 4]], max_order=2, min_count=1)
+    assert table.next([2]) is None  # 2 ends a sequence: nothing follows it
+    assert table.next([2, 3]) == (4, 1.0)  # the bigram (2, 3) never occurred; its suffix (3,) did
+
+
+def test_chain_drafts_greedily_from_its_own_tokens():
+    table = CorpusNgrams([[5, 1, 2, 3, 4], [9, 1, 2, 7]], max_order=2, min_count=1)
+    # after 1: 2 (twice); after (1, 2): 3 or 7 once each -> 3; then 4; nothing follows 4
+    assert table.chain([0, 1], 5) == [(2, 1.0), (3, 0.5), (4, 1.0)]
+    assert table.chain([0, 1], 1) == [(2, 1.0)]
+    assert table.chain([8], 3) == []
+    long = CorpusNgrams([[1, 2, 3, 4, 5, 6, 7]], max_order=3, min_count=1)
+    assert [t for t, _ in long.chain([9, 9, 9, 9, 1, 2], 4)] == [
+        3,
+        4,
+        5,
+        6,
+    ]  # a context longer than max_order
+    assert [t for t, _ in long.chain([2, 3, 4, 5, 6], 4)] == [7]
+
+
+def test_rejects_bad_settings():
+    with pytest.raises(ValueError, match="max_order"):
+        CorpusNgrams([[1, 2]], max_order=0)
