@@ -12,7 +12,7 @@ The τ a replay gives is the τ the engine measures (tested); the speedup is an 
 table (it leaves out the loop's own overheads, a few percent).
 With `--corpus DIR` it also replays a drafter the engine does not have yet: n-grams of the verifier's own
 answers in a training corpus (`specdec.ngram.CorpusNgrams`), tried where lookup has nothing, alone and
-before DFlash blocks cut at P = 0.3.
+before DFlash blocks at the cut P that is best with `+lookup`.
 
     python -m specdec.evals.replay --model smollm2-135m --drafter bundled:smollm2-135m \\
         --dataset humaneval --limit 20 --grid 0 0.2 0.4 0.6 0.8
@@ -25,6 +25,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -380,16 +381,16 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{'drafter':40s} {'policy':16s} {'tau':>6s} {'est speedup':>12s}")
     for (name, d, bs), tr in zip(drafters, traces):
         draft_s = measure_costs(verifier, d, context=ctx, sizes=(1,))[1]
-        policies = [(lk, True, pc, None) for lk in (True, False) for pc in args.grid] + [
-            (True, False, 0, None)
-        ]
-        if corpus:  # lookup, then corpus n-grams, then DFlash (or nothing)
-            policies += [(True, df, pc, cc) for cc in args.corpus_cut for df, pc in ((False, 0), (True, 0.3))]
-        rows = [
-            replay(tr, min_confidence=pc, lookup=lk, dflash=df, block_size=bs,
-                   max_new_tokens=args.max_new_tokens, costs=costs, draft_s=draft_s, corpus=cc)
-            for lk, df, pc, cc in policies
-        ]  # fmt: skip
+        run = partial(
+            replay, tr, block_size=bs, max_new_tokens=args.max_new_tokens, costs=costs, draft_s=draft_s
+        )
+        rows = [run(min_confidence=pc, lookup=lk) for lk in (True, False) for pc in args.grid]
+        rows.append(run(min_confidence=0.0, dflash=False))
+        if corpus:  # lookup, then corpus n-grams, then nothing or DFlash at the best '+lookup' cut
+            p = max((r for r in rows if r.lookup and r.dflash), key=lambda r: r.est_speedup).min_confidence
+            rows += [
+                run(min_confidence=p, dflash=df, corpus=cc) for cc in args.corpus_cut for df in (False, True)
+            ]
         for r in rows:
             policy = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}" if r.dflash else "lookup alone"
             if r.corpus is not None:
