@@ -99,12 +99,14 @@ def record(
     lookup = LookupFirstDrafter(drafter, block_size=block_size).lookup  # its lookup half, same n-grams
     lookup.extend(feats[:0], prompt)  # lookup ignores the features
     trace = Trace(prompt_id, output)
+    seq = prompt + output
     for i in range(N - 1):
         logits = proposer.block_logits(output[i], drafter.block_size - 1)  # [bs-1, K]
         top, best = logits.float().softmax(dim=-1).max(dim=-1)  # [bs-1], [bs-1]
         ids = proposer.rows[best] if proposer.rows is not None else best
         lk = lookup.propose(output[i], block_size - 1)
-        chain = corpus.chain(prompt + output[: i + 1], block_size - 1) if corpus else []
+        end = P + i + 1  # the committed tokens up to output[i]; the chain reads their last max_order
+        chain = corpus.chain(seq[max(0, end - corpus.max_order) : end], block_size - 1) if corpus else []
         trace.positions.append(
             Position(tuple(ids.tolist()), tuple(top.tolist()), tuple(lk), *map(tuple, zip(*chain)))
         )
@@ -294,16 +296,18 @@ def first_draft_agreement(traces: Sequence[Trace]) -> dict[str, float]:
     return out
 
 
-def _corpus_ngrams(data: TrainData, path: str, verifier: Verifier) -> CorpusNgrams:
+def _corpus_ngrams(data: TrainData, verifier: Verifier) -> CorpusNgrams:
     """Corpus n-grams of the answers in a `specdec.train.corpus` folder written by this verifier's model."""
     if data.verifier.get("vocab_size") != verifier.vocab_size:
         raise ValueError(
-            f"--corpus {path!r} was written by {data.verifier.get('model')!r} (vocab "
+            f"--corpus {str(data.path)!r} was written by {data.verifier.get('model')!r} (vocab "
             f"{data.verifier.get('vocab_size')}), not by this verifier (vocab {verifier.vocab_size})"
         )
     t = time.perf_counter()
     table = CorpusNgrams(s.ids[s.prompt_len :] for s in data.sequences)
-    print(f"corpus n-grams: {len(data)} answers of {path} in {time.perf_counter() - t:.1f} s", flush=True)
+    print(
+        f"corpus n-grams: {len(data)} answers of {data.path} in {time.perf_counter() - t:.1f} s", flush=True
+    )
     return table
 
 
@@ -346,7 +350,7 @@ def _run(args: argparse.Namespace) -> int:
 
     data = TrainData(args.corpus) if args.corpus else None  # a bad folder fails before the model loads
     verifier = load_verifier(args.verifier, args.model, dtype=resolve_dtype_arg(args), device=args.device)
-    corpus = _corpus_ngrams(data, args.corpus, verifier) if data else None
+    corpus = _corpus_ngrams(data, verifier) if data else None
     drafters = []
     for name in args.drafter:  # all loaded and checked before the long part
         d = load_drafter(name, verifier=verifier, dtype=args.dtype, device=args.device)
@@ -392,11 +396,14 @@ def _run(args: argparse.Namespace) -> int:
                 run(min_confidence=p, dflash=df, corpus=cc) for cc in args.corpus_cut for df in (False, True)
             ]
         for r in rows:
-            policy = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}" if r.dflash else "lookup alone"
             if r.corpus is not None:
                 policy = f"+lookup +corpus P={r.corpus:g}" + (
                     f" DFlash P={r.min_confidence:g}" if r.dflash else ""
                 )
+            elif r.dflash:
+                policy = f"P={r.min_confidence:g}{' +lookup' if r.lookup else ''}"
+            else:
+                policy = "lookup alone"
             print(f"{name[-40:]:40s} {policy:16s} {r.tau:6.2f} {r.est_speedup:11.2f}x")
         agree = first_draft_agreement(tr)
         print(

@@ -193,5 +193,5 @@ class CorpusNgrams:
         ctx, out = list(context[max(0, len(context) - self.max_order) :]), []
         while len(out) < n and (hit := self.next(ctx)) is not None:
             out.append(hit)
-            ctx = [*ctx[1 - self.max_order :], hit[0]] if self.max_order > 1 else [hit[0]]
+            ctx = [*ctx, hit[0]][-self.max_order :]
         return out
