@@ -10,8 +10,8 @@ proposal. A policy is then a walk over these records, as `specdec.engine.decode`
 step is charged the measured time of a verify of its length plus the drafter's time when it ran.
 The τ a replay gives is the τ the engine measures (tested); the speedup is an estimate from the cost
 table (it leaves out the loop's own overheads, a few percent).
-With `--corpus DIR` it also replays a drafter the engine does not have yet: n-grams of the verifier's own
-answers in a training corpus (`specdec.ngram.CorpusNgrams`), tried where lookup has nothing, alone and
+With `--corpus DIR` it also replays n-grams of the verifier's own answers in a training corpus
+(`specdec.ngram.CorpusNgrams`, the engine's `--corpus`), tried where lookup has nothing, alone and
 before DFlash blocks at the cut P that is best with `+lookup`.
 
     python -m specdec.evals.replay --model smollm2-135m --drafter bundled:smollm2-135m \\
@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,11 +35,8 @@ import torch
 from specdec.args import Parser, add_verifier_args, at_least, finite, resolve_dtype_arg, run_main
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, common_prefix_len
-from specdec.ngram import CorpusNgrams, LookupFirstDrafter
+from specdec.ngram import CorpusNgrams, LookupFirstDrafter, check_corpus, load_corpus_ngrams
 from specdec.protocols import Verifier
-
-if TYPE_CHECKING:
-    from specdec.train.data import TrainData
 
 __all__ = [
     "Position",
@@ -237,8 +234,8 @@ def replay(
     replays prompt lookup alone: the engine with `PromptLookupDrafter(block_size, min_ngram=2)`, the
     lookup half of `LookupFirstDrafter`, so it shows what the DFlash half adds to `+lookup`.
     `corpus=P` drafts by corpus n-grams (recorded with `record(..., corpus=)`) where lookup has nothing
-    and the chain, cut at running share P, is not empty; then DFlash, if on. A study: the engine has no
-    such drafter yet, and a corpus draft is charged no drafting time (a few binary searches)."""
+    and the chain, cut at running share P, is not empty; then DFlash, if on (`LookupFirstDrafter` with a
+    `corpus`). A corpus draft is charged no drafting time (a few binary searches)."""
     if not (lookup or dflash or corpus is not None):
         raise ValueError("a policy drafts with lookup, corpus n-grams, DFlash or a mix")
     sizes = sorted(costs) if costs else []
@@ -296,21 +293,6 @@ def first_draft_agreement(traces: Sequence[Trace]) -> dict[str, float]:
     return out
 
 
-def _corpus_ngrams(data: TrainData, verifier: Verifier) -> CorpusNgrams:
-    """Corpus n-grams of the answers in a `specdec.train.corpus` folder written by this verifier's model."""
-    if data.verifier.get("vocab_size") != verifier.vocab_size:
-        raise ValueError(
-            f"--corpus {str(data.path)!r} was written by {data.verifier.get('model')!r} (vocab "
-            f"{data.verifier.get('vocab_size')}), not by this verifier (vocab {verifier.vocab_size})"
-        )
-    t = time.perf_counter()
-    table = CorpusNgrams(s.ids[s.prompt_len :] for s in data.sequences)
-    print(
-        f"corpus n-grams: {len(data)} answers of {data.path} in {time.perf_counter() - t:.1f} s", flush=True
-    )
-    return table
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = Parser(prog="python -m specdec.evals.replay", description=__doc__.split("\n\n")[0])
     add_verifier_args(p, runtime="hf", model="smollm2-135m")
@@ -343,14 +325,14 @@ def _run(args: argparse.Namespace) -> int:
     from specdec.evals.datasets import load_dataset, second_turn_messages
     from specdec.evals.run import _answer_text
     from specdec.records import atomic_write_json, check_output_path
-    from specdec.train.data import TrainData
 
     if args.out:
         check_output_path(args.out)  # fail before the work, not after it
 
-    data = TrainData(args.corpus) if args.corpus else None  # a bad folder fails before the model loads
+    if args.corpus:
+        check_corpus(args.corpus)  # a bad folder fails before the model loads
     verifier = load_verifier(args.verifier, args.model, dtype=resolve_dtype_arg(args), device=args.device)
-    corpus = _corpus_ngrams(data, verifier) if data else None
+    corpus = load_corpus_ngrams(args.corpus, verifier) if args.corpus else None
     drafters = []
     for name in args.drafter:  # all loaded and checked before the long part
         d = load_drafter(name, verifier=verifier, dtype=args.dtype, device=args.device)

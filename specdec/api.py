@@ -127,6 +127,15 @@ def bundled_drafter(model: str) -> Path:
     return path
 
 
+def bundled_corpus(model: str) -> Path | None:
+    """The folder of the training corpus shipped for a bundled model name (its own answers as token ids,
+    what its bundled drafter was trained on; a `corpus` for `load_drafter`), or None where none is."""
+    import specdec.evals
+
+    path = Path(specdec.evals.__file__).parent / "traindata" / model
+    return path if (path / "corpus.json").is_file() else None
+
+
 def load_drafter(
     spec: str | None,
     *,
@@ -136,6 +145,8 @@ def load_drafter(
     dtype: str = "float32",
     min_confidence: float = 0.0,
     runtime: str = "torch",
+    corpus: str | os.PathLike[str] | None = None,
+    corpus_cut: float = 0.4,
 ) -> Drafter | None:
     """`spec`: None/"none" (autoregressive), "prompt-lookup", "bundled:<model>" (a drafter shipped with
     specdec, e.g. "bundled:smollm2-135m"), a folder with a DFlash checkpoint, or a hub repo id of one
@@ -144,16 +155,22 @@ def load_drafter(
     (`LookupFirstDrafter`). `min_confidence` cuts DFlash blocks where the drafter's running top-1
     probability falls below it (worth it where verifying several tokens costs much more than one).
     `runtime` "mlx" runs a DFlash drafter in MLX itself (`specdec.dflash_mlx`, with an MLX verifier:
-    nothing crosses to torch); "torch" (default) the PyTorch drafter on `device`."""
+    nothing crosses to torch); "torch" (default) the PyTorch drafter on `device`. `corpus`, a corpus
+    folder of this verifier's own answers (e.g. `bundled_corpus(model)`), makes a "+lookup" drafter try
+    their n-grams where lookup has nothing, cut at running share `corpus_cut` (`LookupFirstDrafter`)."""
     if runtime not in DRAFTER_RUNTIMES:
         raise ValueError(f"unknown drafter runtime {runtime!r}; choose one of {DRAFTER_RUNTIMES}")
+    if corpus is not None:
+        from specdec.ngram import check_corpus
+
+        check_corpus(corpus, drafter=str(spec))  # before the drafter loads
     check_device_dtype(device, torch_dtype(dtype))
     if min_confidence and (spec in (None, "none") or spec.removesuffix("+lookup") == "prompt-lookup"):
         raise ValueError(f"min_confidence cuts DFlash blocks; drafter {spec!r} has none")
     if spec in (None, "none"):
         return None
     if spec.endswith("+lookup"):
-        from specdec.ngram import LookupFirstDrafter
+        from specdec.ngram import LookupFirstDrafter, load_corpus_ngrams
 
         inner = load_drafter(
             spec.removesuffix("+lookup"), verifier=verifier, block_size=block_size, device=device,
@@ -161,7 +178,8 @@ def load_drafter(
         )  # fmt: skip
         if inner is None or inner.name == "prompt-lookup":
             raise ValueError(f"drafter {spec!r}: '+lookup' goes after a DFlash drafter")
-        return LookupFirstDrafter(inner, block_size=block_size)
+        ngrams = load_corpus_ngrams(corpus, verifier) if corpus is not None else None
+        return LookupFirstDrafter(inner, block_size=block_size, corpus=ngrams, corpus_cut=corpus_cut)
     asked = spec
     if spec.startswith("bundled:"):
         spec = str(bundled_drafter(spec.removeprefix("bundled:")))
@@ -217,6 +235,10 @@ def run_config(
             "path": getattr(drafter, "path", None),
             # DFlash block cut-off (see DFlashDrafter); a lookup-first drafter reports its inner one's
             "min_confidence": getattr(getattr(drafter, "drafter", drafter), "min_confidence", None),
+            # corpus n-grams tried where lookup has nothing (LookupFirstDrafter), None without
+            "corpus": {"path": c.source, "cut": drafter.corpus_cut}
+            if (c := getattr(drafter, "corpus", None)) is not None
+            else None,
         },
         "block_size": cfg.block_size if drafter is not None else 1,
         "temperature": cfg.sampling.temperature if cfg.sampling else 0.0,

@@ -125,6 +125,16 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
         "--costs", metavar="JSON",
         help="a verify cost table (`specdec bench-verify --out`) for --block-size / --min-confidence auto",
     )  # fmt: skip
+    p.add_argument(
+        "--corpus", metavar="DIR",
+        help="with a '+lookup' drafter, where lookup has nothing draft by n-grams of this corpus of the "
+        "verifier's own answers (a `specdec train` corpus folder, e.g. evals/traindata/smollm2-135m)",
+    )  # fmt: skip
+    p.add_argument(
+        "--corpus-cut", type=finite(0, 1), default=0.4,
+        help="end a corpus n-gram draft where its running share (how often the corpus continued so) "
+        "falls below this",
+    )  # fmt: skip
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -169,7 +179,8 @@ def load_drafter_arg(args: argparse.Namespace, verifier: Verifier, *, runtime: s
 
     return load_drafter(
         args.drafter, verifier=verifier, block_size=args.block_size or LOOKUP_BLOCK_SIZE, device=args.device,
-        dtype=args.dtype, min_confidence=args.min_confidence, runtime=runtime,
+        dtype=args.dtype, min_confidence=args.min_confidence, runtime=runtime, corpus=args.corpus,
+        corpus_cut=args.corpus_cut,
     )  # fmt: skip
 
 
@@ -181,6 +192,10 @@ def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int
     check_drafter_runtimes(args, [args.drafter_runtime])
     resolve_dtype_arg(args)
     table, auto_block, auto_p = _cost_table(args)  # before any load
+    if args.corpus is not None:
+        from specdec.ngram import check_corpus
+
+        check_corpus(args.corpus, drafter=args.drafter)
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
     drafter = load_drafter_arg(args, verifier, runtime=args.drafter_runtime)
     if table is not None and drafter is not None:

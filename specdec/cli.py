@@ -113,7 +113,7 @@ def default_platform() -> tuple[str, str]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: a short HumanEval eval of the bundled drafter against the AR baseline."""
-    from specdec.api import load_drafter, load_verifier, resolve_dtype
+    from specdec.api import bundled_corpus, load_drafter, load_verifier, resolve_dtype
     from specdec.evals.datasets import load_dataset
     from specdec.evals.report import print_summary_table
     from specdec.evals.run import OUTPUT_NAMES, run_eval
@@ -125,12 +125,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     verifier = load_verifier(runtime, args.model, dtype=dtype, device="cpu")
     cpu = device == "cpu"
     # on a small CPU a verify of 8 tokens costs ~1.4-1.6x a one-token step, so draft only where it is
-    # likely accepted: lookup where the text repeats, confident DFlash blocks
-    spec = f"bundled:{args.model}" + ("+lookup" if cpu and not args.no_lookup else "")
+    # likely accepted: lookup where the text repeats, then the n-grams of the verifier's own answers in the
+    # bundled training corpus, then confident DFlash blocks
+    lookup = cpu and not args.no_lookup
+    spec = f"bundled:{args.model}" + ("+lookup" if lookup else "")
+    corpus = bundled_corpus(args.model) if lookup and not args.no_corpus else None
     conf = args.min_confidence if args.min_confidence is not None else (CPU_MIN_CONFIDENCE if cpu else 0.0)
     drafter = load_drafter(
-        spec, verifier=verifier, device=device, dtype=dtype, min_confidence=conf, runtime=args.drafter_runtime
-    )
+        spec, verifier=verifier, device=device, dtype=dtype, min_confidence=conf,
+        runtime=args.drafter_runtime, corpus=corpus,
+    )  # fmt: skip
     records = load_dataset("humaneval", args.limit)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size or drafter.block_size)
     print(
@@ -204,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
         "a CPU, else 0)",
     )  # fmt: skip
     d.add_argument("--no-lookup", action="store_true", help="DFlash alone (default on a CPU: +lookup)")
+    d.add_argument(
+        "--no-corpus", action="store_true",
+        help="no n-grams of the bundled training corpus where lookup has nothing (default on a CPU: used)",
+    )  # fmt: skip
     d.add_argument(
         "--drafter-runtime", choices=DRAFTER_RUNTIMES, default="torch",
         help="mlx: the drafter in MLX beside an MLX verifier (nothing crosses to torch)",

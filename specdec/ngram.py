@@ -4,11 +4,14 @@ No weights and no features, so it runs against any verifier; a useful baseline n
 drafter of the stub demo. An index from n-gram to its latest position makes each proposal O(block).
 `LookupFirstDrafter` pairs it with a model drafter: lookup where the text repeats, the model elsewhere.
 `CorpusNgrams` looks further than the context: what the verifier's own answers in a corpus put after
-the last few tokens (studied offline by `specdec.evals.replay --corpus`).
+the last few tokens; `LookupFirstDrafter` tries it where lookup has nothing (`--corpus`).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -76,25 +79,37 @@ class LookupFirstDrafter:
     """Prompt lookup where the context repeats itself, the wrapped drafter everywhere else.
 
     When the last `min_ngram`..`max_ngram` tokens occurred before, what followed them is proposed (up to
-    `block_size` - 1 tokens, free to draft, and in code or a looping answer often long runs); otherwise
-    the wrapped drafter (DFlash) proposes its block. The wrapped drafter sees every commit either way, so
-    its context stays exact. Proposals are deterministic (no `propose_logits`): at T > 0 they are
-    verified as point-mass drafts, which keeps the output distribution exact.
+    `block_size` - 1 tokens, free to draft, and in code or a looping answer often long runs); otherwise,
+    with `corpus`, what the verifier's own answers in a corpus put after the last few tokens (cut where
+    the running share falls below `corpus_cut`); otherwise the wrapped drafter (DFlash) proposes its
+    block. The wrapped drafter sees every commit either way, so its context stays exact. Proposals are
+    deterministic (no `propose_logits`): at T > 0 they are verified as point-mass drafts, which keeps
+    the output distribution exact.
     """
 
     def __init__(
-        self, drafter: Drafter, *, block_size: int = 16, min_ngram: int = 2, max_ngram: int = 3
+        self,
+        drafter: Drafter,
+        *,
+        block_size: int = 16,
+        min_ngram: int = 2,
+        max_ngram: int = 3,
+        corpus: CorpusNgrams | None = None,
+        corpus_cut: float = 0.4,
     ) -> None:
+        if not 0.0 <= corpus_cut <= 1.0:
+            raise ValueError(f"corpus_cut must be in [0, 1], got {corpus_cut}")
         self.drafter = drafter
         self.lookup = PromptLookupDrafter(block_size=block_size, max_ngram=max_ngram, min_ngram=min_ngram)
-        self.name = f"{drafter.name}+lookup"
+        self.corpus, self.corpus_cut = corpus, corpus_cut
+        self.name = f"{drafter.name}+lookup" + ("+corpus" if corpus is not None else "")
         self.block_size = max(block_size, drafter.block_size)
         self.target_layer_ids = drafter.target_layer_ids
         self.feature_dim = drafter.feature_dim
         self.vocab_size = drafter.vocab_size
         self.device, self.dtype = drafter.device, drafter.dtype
         self.runtime = getattr(drafter, "runtime", "torch")  # features come in the wrapped drafter's runtime
-        self.counts = {"lookup": 0, "drafter": 0}  # proposals by source since construction
+        self.counts = {"lookup": 0, "corpus": 0, "drafter": 0}  # proposals by source since construction
 
     @property
     def context_len(self) -> int:
@@ -116,6 +131,13 @@ class LookupFirstDrafter:
         if draft:
             self.counts["lookup"] += 1
             return draft
+        if self.corpus is not None:
+            seq = self.lookup._tokens  # the committed tokens; the chain reads the last max_order
+            context = [*seq[max(0, len(seq) - self.corpus.max_order + 1) :], last_token]
+            draft = [t for t, _ in self.corpus.chain(context, n, cut=self.corpus_cut)]
+            if draft:
+                self.counts["corpus"] += 1
+                return draft
         self.counts["drafter"] += 1
         return self.drafter.propose(last_token, min(n, self.drafter.block_size - 1))
 
@@ -133,7 +155,7 @@ _BASE, _MASK = 1_000_003, (1 << 64) - 1  # n-gram keys: a polynomial hash of the
 def _key(ids: Sequence[int]) -> int:
     h = 0
     for t in ids:
-        h = (h * _BASE + t + 1) & _MASK  # what numpy's uint64 arithmetic in CorpusNgrams computes
+        h = (h * _BASE + int(t) + 1) & _MASK  # what numpy's uint64 arithmetic in CorpusNgrams computes
     return h
 
 
@@ -151,6 +173,10 @@ class CorpusNgrams:
         toks = np.concatenate(seqs) if seqs else np.zeros(0, np.uint64)  # [N]
         seq = np.repeat(np.arange(len(seqs)), [len(s) for s in seqs])  # [N] which sequence
         self.max_order, self.min_count = max_order, min_count
+        self.source: str | None = None  # where the sequences came from (a corpus folder), for records
+        # a (context, next) pair packs into one uint64, next in the low `_bits`: one plain sort groups both
+        self._bits = max(1, int(toks.max()).bit_length() if len(toks) else 1)
+        self._ctx_mask = (1 << (64 - self._bits)) - 1  # context keys keep the hash's low 64 - _bits bits
         self._tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per order: keys, next, share
         h = np.zeros(len(toks), np.uint64)  # h[j]: key of the n tokens ending at j (once j >= n - 1)
         with np.errstate(over="ignore"):
@@ -160,38 +186,79 @@ class CorpusNgrams:
                 )
                 j = np.arange(n - 1, len(toks) - 1)
                 j = j[seq[j - n + 1] == seq[j + 1]]  # context and next token in one sequence
-                self._tables.append(self._table(h[j], toks[j + 1].astype(np.int64)))
+                self._tables.append(self._table((h[j] << np.uint64(self._bits)) | toks[j + 1]))
 
-    def _table(self, ctx: np.ndarray, nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if not len(ctx):
-            return ctx, nxt, np.zeros(0)
-        o = np.lexsort((nxt, ctx))
-        ctx, nxt = ctx[o], nxt[o]
-        pair = np.flatnonzero(np.r_[True, (ctx[1:] != ctx[:-1]) | (nxt[1:] != nxt[:-1])])  # (ctx, next) runs
-        count = np.diff(np.r_[pair, len(ctx)])
-        pctx, pnxt = ctx[pair], nxt[pair]
-        group = np.cumsum(np.r_[True, pctx[1:] != pctx[:-1]]) - 1  # context index of each pair
-        total = np.bincount(group, weights=count).astype(np.int64)
-        best = np.lexsort((pnxt, -count, group))  # per context: highest count, then smallest id, first
-        first = best[np.r_[True, group[best][1:] != group[best][:-1]]]
+    def _table(self, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(context keys, their most frequent next token, its share), keys sorted, from packed pairs [M]."""
+        bits = np.uint64(self._bits)
+        if not len(packed):
+            return packed, packed.astype(np.int64), np.zeros(0)
+        pairs = np.sort(packed)  # by context, then by next token
+        start = np.flatnonzero(np.r_[True, pairs[1:] != pairs[:-1]])  # runs of one (context, next)
+        count = np.diff(np.r_[start, len(pairs)])  # [P]
+        pair = pairs[start]
+        ctx = pair >> bits
+        first = np.flatnonzero(np.r_[True, ctx[1:] != ctx[:-1]])  # each context's first pair, [C]
+        total, top = np.add.reduceat(count, first), np.maximum.reduceat(count, first)
+        group = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(pair)]))  # [P] its context
+        tied = np.flatnonzero(count == top[group])  # pairs at their context's highest count
+        best = tied[np.r_[True, group[tied][1:] != group[tied][:-1]]]  # of those the smallest id, [C]
         keep = total >= self.min_count
-        return pctx[first][keep], pnxt[first][keep], (count[first] / total)[keep]
+        nxt = (pair[best] & ((np.uint64(1) << bits) - np.uint64(1))).astype(np.int64)
+        return ctx[first][keep], nxt[keep], (count[best] / total)[keep]
 
     def next(self, context: Sequence[int]) -> tuple[int, float] | None:
         """(most frequent next token, its share) after the longest known suffix of `context`, or None."""
         for n in range(min(self.max_order, len(context)), 0, -1):
             keys, nxt, share = self._tables[n - 1]
-            k = np.uint64(_key(context[len(context) - n :]))
+            k = np.uint64(_key(context[len(context) - n :]) & self._ctx_mask)
             i = int(np.searchsorted(keys, k))
             if i < len(keys) and keys[i] == k:
                 return int(nxt[i]), float(share[i])
         return None
 
-    def chain(self, context: Sequence[int], n: int) -> list[tuple[int, float]]:
+    def chain(self, context: Sequence[int], n: int, *, cut: float = 0.0) -> list[tuple[int, float]]:
         """Up to `n` tokens drafted greedily, each after the context plus the ones before it, with their
-        shares (the running product of these is the draft's confidence, as a DFlash block's)."""
-        ctx, out = list(context[max(0, len(context) - self.max_order) :]), []
+        shares. The running product of these is the draft's confidence, as a DFlash block's: the chain
+        ends before it falls below `cut`."""
+        ctx, out, run = list(context[max(0, len(context) - self.max_order) :]), [], 1.0
         while len(out) < n and (hit := self.next(ctx)) is not None:
+            run *= hit[1]
+            if run < cut:
+                break
             out.append(hit)
             ctx = [*ctx, hit[0]][-self.max_order :]
         return out
+
+
+def check_corpus(path: str | os.PathLike[str], *, drafter: str | None = None) -> dict:
+    """The verifier record of the corpus folder at `path` (cheap: before any model loads); an error where
+    it is not one, or where `drafter` (a spec) is not a '+lookup' one, which the corpus drafts for."""
+    from specdec.train.corpus import Corpus
+
+    if drafter is not None and not drafter.endswith("+lookup"):
+        raise ValueError(
+            f"a corpus drafts where lookup has nothing: give a '+lookup' drafter, not {drafter!r}"
+        )
+    return Corpus(path).meta["verifier"]
+
+
+def load_corpus_ngrams(path: str | os.PathLike[str], verifier: Verifier) -> CorpusNgrams:
+    """`CorpusNgrams` of the answers in the corpus folder at `path` (written by `specdec train`, e.g. the
+    bundled evals/traindata/smollm2-135m), which `verifier`'s model must have written: another
+    vocabulary is an error. About 2 s per million answer tokens on a small CPU."""
+    from specdec.train.data import TrainData
+
+    meta = check_corpus(path)
+    if meta.get("vocab_size") != verifier.vocab_size:
+        raise ValueError(
+            f"corpus {str(path)!r} was written by {meta.get('model')!r} (vocab {meta.get('vocab_size')}), "
+            f"not by this verifier (vocab {verifier.vocab_size})"
+        )
+    t = time.perf_counter()
+    data = TrainData(path)
+    table = CorpusNgrams(s.ids[s.prompt_len :] for s in data.sequences)
+    table.source = str(path)
+    took = time.perf_counter() - t
+    print(f"corpus n-grams: {len(data)} answers of {str(path)!r} in {took:.1f} s", file=sys.stderr)
+    return table

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from specdec.api import BUNDLED, bundled_drafter, load_drafter
+from specdec.api import BUNDLED, bundled_corpus, bundled_drafter, load_drafter
 from specdec.checkpoint import load_checkpoint
 
 # model -> (hidden size, vocabulary, verifier layers) of its verifier; every entry of BUNDLED needs one
@@ -27,6 +27,14 @@ def test_bundled_drafter_is_public_format_bf16(model):
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 - not a dict
     cfg, state = load_checkpoint(path)
     assert state["fc.weight"].shape == (hidden, hidden * len(cfg.target_layer_ids))
+
+
+@pytest.mark.parametrize("model", sorted(BUNDLED))
+def test_bundled_corpus_was_written_by_the_model(model):
+    from specdec.ngram import check_corpus
+
+    assert check_corpus(bundled_corpus(model))["vocab_size"] == SHAPES[model][1]
+    assert bundled_corpus("llama-70b") is None
 
 
 def test_no_bundled_drafter_for_unknown_model():
@@ -50,4 +58,7 @@ def test_bundled_drafter_binds_and_decodes_exactly(model):
     spec = generate(v, ids, drafter=d, cfg=DecodeConfig(block_size=d.block_size, **cfg))
     assert spec.output_tokens == ar.output_tokens
     assert sum(s.accepted for s in spec.decode_steps) > 0  # a trained drafter gets something accepted
+    mix = load_drafter(f"bundled:{model}+lookup", verifier=v, corpus=bundled_corpus(model))  # the demo's
+    spec = generate(v, ids, drafter=mix, cfg=DecodeConfig(block_size=mix.block_size, **cfg))
+    assert spec.output_tokens == ar.output_tokens and mix.counts["corpus"] > 0
     assert torch.get_default_dtype() == torch.float32

@@ -70,3 +70,21 @@ def test_chain_drafts_greedily_from_its_own_tokens():
 def test_rejects_bad_settings():
     with pytest.raises(ValueError, match="max_order"):
         CorpusNgrams([[1, 2]], max_order=0)
+
+
+def test_large_ids_and_numpy_contexts():
+    """Ids near a 262k vocabulary pack beside the context key; contexts may be numpy arrays (corpus ids)."""
+    import numpy as np
+
+    big = 262_143
+    table = CorpusNgrams([[big, 7, big - 1, big, 7, big - 1]], max_order=3, min_count=1)
+    assert table.next([big, 7]) == (big - 1, 1.0)
+    assert table.chain(np.array([3, big], dtype=np.int64), 3) == [(7, 1.0), (big - 1, 1.0), (big, 1.0)]
+
+
+def test_chain_stops_below_its_cut():
+    table = CorpusNgrams([[5, 1, 2, 3, 4], [9, 1, 2, 7]], max_order=2, min_count=1)
+    # running shares after [0, 1]: 2 (1.0), 3 (0.5), 4 (0.5)
+    assert [t for t, _ in table.chain([0, 1], 5, cut=0.5)] == [2, 3, 4]
+    assert [t for t, _ in table.chain([0, 1], 5, cut=0.6)] == [2]
+    assert table.chain([0, 1], 5, cut=1.0) == [(2, 1.0)]

@@ -4,15 +4,14 @@ at several confidences, with and without prompt lookup."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pytest
-import torch
 from test_dflash import make_model, stub_cfg
 
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.replay import Position, Trace, first_draft_agreement, measure_costs, record, replay
-from specdec.memory import probe_for_device
 from specdec.ngram import CorpusNgrams, LookupFirstDrafter
 from specdec.verifiers.stub import StubVerifier
 
@@ -205,37 +204,6 @@ def test_auto_options_on_the_cli(tmp_path, capsys):
         assert msg in capsys.readouterr().err
 
 
-class CorpusDrafter:
-    """The engine's side of a corpus n-gram draft (the engine has no such drafter yet): the table's
-    greedy chain after the committed tokens, cut where its running share falls below `p`."""
-
-    name, block_size, target_layer_ids, feature_dim, vocab_size = "corpus", 16, (), 0, None
-    device, dtype = torch.device("cpu"), torch.float32
-
-    def __init__(self, table: CorpusNgrams, p: float) -> None:
-        self.table, self.p, self.tokens = table, p, []
-
-    context_len = property(lambda self: len(self.tokens))
-    bind = reset = lambda self, *a: self.tokens.clear()
-    memory_probe = lambda self: probe_for_device("cpu")  # noqa: E731
-
-    def extend(self, features, tokens):
-        self.tokens += tokens
-
-    def rollback(self, n):
-        del self.tokens[len(self.tokens) - n :]
-
-    def propose(self, last_token, n):
-        chain = self.table.chain([*self.tokens, last_token], n)
-        run, out = 1.0, []
-        for tok, share in chain:
-            run *= share
-            if run < self.p:
-                break
-            out.append(tok)
-        return out
-
-
 def test_corpus_policy_equals_the_engine_on_the_stub():
     verifier = StubVerifier()
     cfg = DecodeConfig(max_new_tokens=40, block_size=1)
@@ -251,15 +219,19 @@ def test_corpus_policy_equals_the_engine_on_the_stub():
     trace = record(verifier, drafter, prompt, base, corpus=table)
     assert any(p.corpus and not p.lookup for p in trace.positions)  # the corpus path is exercised
     for cut in (0.0, 0.5, 0.9):
-        engine = LookupFirstDrafter(CorpusDrafter(table, cut), block_size=16)
-        res = generate(verifier, prompt, drafter=engine, cfg=DecodeConfig(max_new_tokens=40, block_size=16))
-        assert res.output_tokens == base
-        r = replay([trace], min_confidence=0.0, dflash=False, corpus=cut, block_size=16, max_new_tokens=40)
-        steps = res.decode_steps
-        assert (r.steps, r.tau) == (
-            len(steps),
-            pytest.approx(statistics.mean(s.acceptance_length for s in steps)),
-        )
+        for p in (0.0, 1.0):  # whole DFlash blocks after the corpus; none (nothing reaches confidence 1)
+            inner = DFlashDrafter(drafter.model, min_confidence=p)
+            inner.bind(verifier)
+            engine = LookupFirstDrafter(inner, block_size=16, corpus=table, corpus_cut=cut)
+            res = generate(verifier, prompt, drafter=engine, cfg=replace(cfg, block_size=16))
+            assert res.output_tokens == base
+            assert engine.counts["corpus"] > 0 and engine.name.endswith("+lookup+corpus")
+            r = replay([trace], min_confidence=p, corpus=cut, block_size=16, max_new_tokens=40)
+            steps = res.decode_steps
+            assert (r.steps, r.tau) == (
+                len(steps),
+                pytest.approx(statistics.mean(s.acceptance_length for s in steps)),
+            ), (cut, p)
 
 
 def test_corpus_policy_order_lookup_then_corpus_then_dflash():
@@ -288,17 +260,24 @@ def test_corpus_policy_order_lookup_then_corpus_then_dflash():
     assert got["corpus"] == 0.5 and got["corpus_coverage"] == 2 / 7
 
 
+def stub_corpus(path, v):
+    """A small corpus folder of the stub verifier's own answers, as `specdec train` writes one."""
+    from specdec.train.corpus import Corpus, build_stage
+
+    corpus = Corpus.create(path, v, max_len=120)
+    prompts = [(f"p{i}", [{"role": "user", "content": f"write about topic {i}"}]) for i in range(6)]
+    corpus.start_stage("s", lambda: prompts, budget=40, chunk_size=3)
+    build_stage(corpus, v, "s", encode=lambda m: v.tokenizer.encode(m[0]["content"]), progress=False)
+    return path
+
+
 def test_corpus_on_the_cli(tmp_path, capsys):
     import json
 
     from specdec.evals.replay import main
-    from specdec.train.corpus import Corpus, build_stage
 
     v = StubVerifier()
-    corpus = Corpus.create(tmp_path / "corpus", v, max_len=120)
-    prompts = [(f"p{i}", [{"role": "user", "content": f"write about topic {i}"}]) for i in range(6)]
-    corpus.start_stage("s", lambda: prompts, budget=40, chunk_size=3)
-    build_stage(corpus, v, "s", encode=lambda m: v.tokenizer.encode(m[0]["content"]), progress=False)
+    stub_corpus(tmp_path / "corpus", v)
     ckpt = DFlashDrafter(make_model(stub_cfg())).save_pretrained(tmp_path / "ckpt")
     base = ["--verifier", "stub", "--drafter", str(ckpt), "--dataset", "mtbench", "--limit", "1",
             "--max-new-tokens", "32", "--grid", "0"]  # fmt: skip
@@ -315,4 +294,36 @@ def test_corpus_on_the_cli(tmp_path, capsys):
     meta["verifier"]["vocab_size"] += 1
     (tmp_path / "corpus" / "corpus.json").write_text(json.dumps(meta))
     assert main([*base, "--corpus", str(tmp_path / "corpus")]) == 2
+    assert "not by this verifier" in capsys.readouterr().err
+
+
+def test_engine_corpus_option(tmp_path, capsys):
+    """`--corpus` on the engine's commands: recorded in the result, exact, and refused early where wrong."""
+    import json
+
+    from specdec.cli import main
+
+    v = StubVerifier()
+    corpus = str(stub_corpus(tmp_path / "corpus", v))
+    ckpt = str(DFlashDrafter(make_model(stub_cfg())).save_pretrained(tmp_path / "ckpt"))
+    base = ["generate", "--verifier", "stub", "--prompt", "write about topic 2", "--max-new-tokens", "24"]
+    assert main([*base, "--drafter", "none", "--out", str(tmp_path / "ar.json")]) == 0
+    out = tmp_path / "r.json"
+    args = ["--drafter", f"{ckpt}+lookup", "--corpus", corpus, "--corpus-cut", "0.3", "--out", str(out)]
+    assert main([*base, *args]) == 0
+    got = json.loads(out.read_text())
+    assert got["config"]["drafter"]["corpus"] == {"path": corpus, "cut": 0.3}
+    assert got["config"]["drafter"]["name"].endswith("+lookup+corpus")
+    ar = json.loads((tmp_path / "ar.json").read_text())
+    assert got["prompts"][0]["output_tokens"] == ar["prompts"][0]["output_tokens"]
+    capsys.readouterr()
+    assert main([*base, "--drafter", ckpt, "--corpus", corpus]) == 2  # not a '+lookup' drafter
+    assert "give a '+lookup' drafter" in capsys.readouterr().err
+    assert main([*base, "--drafter", f"{ckpt}+lookup", "--corpus", ckpt]) == 2
+    assert "is not a corpus" in capsys.readouterr().err
+    assert main([*base, "--drafter", f"{ckpt}+lookup", "--corpus", corpus, "--corpus-cut", "2"]) == 2
+    meta = json.loads((tmp_path / "corpus" / "corpus.json").read_text())
+    meta["verifier"]["vocab_size"] += 1
+    (tmp_path / "corpus" / "corpus.json").write_text(json.dumps(meta))
+    assert main([*base, "--drafter", f"{ckpt}+lookup", "--corpus", corpus]) == 2
     assert "not by this verifier" in capsys.readouterr().err
