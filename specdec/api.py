@@ -239,6 +239,8 @@ def run_config(
             "corpus": {"path": c.source, "cut": drafter.corpus_cut}
             if (c := getattr(drafter, "corpus", None)) is not None
             else None,
+            # a lookup-first drafter's proposals by source since it was loaded (an eval's warm-up too)
+            "proposals": dict(drafter.counts) if hasattr(drafter, "counts") else None,
         },
         "block_size": cfg.block_size if drafter is not None else 1,
         "temperature": cfg.sampling.temperature if cfg.sampling else 0.0,

@@ -314,6 +314,7 @@ def test_engine_corpus_option(tmp_path, capsys):
     got = json.loads(out.read_text())
     assert got["config"]["drafter"]["corpus"] == {"path": corpus, "cut": 0.3}
     assert got["config"]["drafter"]["name"].endswith("+lookup+corpus")
+    assert got["config"]["drafter"]["proposals"]["corpus"] > 0
     ar = json.loads((tmp_path / "ar.json").read_text())
     assert got["prompts"][0]["output_tokens"] == ar["prompts"][0]["output_tokens"]
     capsys.readouterr()
