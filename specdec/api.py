@@ -163,7 +163,7 @@ def load_drafter(
     if corpus is not None:
         from specdec.ngram import check_corpus
 
-        check_corpus(corpus, drafter=str(spec))  # before the drafter loads
+        check_corpus(corpus, drafter=str(spec), cut=corpus_cut)  # before the drafter loads
     check_device_dtype(device, torch_dtype(dtype))
     if min_confidence and (spec in (None, "none") or spec.removesuffix("+lookup") == "prompt-lookup"):
         raise ValueError(f"min_confidence cuts DFlash blocks; drafter {spec!r} has none")

@@ -97,8 +97,7 @@ class LookupFirstDrafter:
         corpus: CorpusNgrams | None = None,
         corpus_cut: float = 0.4,
     ) -> None:
-        if not 0.0 <= corpus_cut <= 1.0:
-            raise ValueError(f"corpus_cut must be in [0, 1], got {corpus_cut}")
+        _check_cut(corpus_cut)
         self.drafter = drafter
         self.lookup = PromptLookupDrafter(block_size=block_size, max_ngram=max_ngram, min_ngram=min_ngram)
         self.corpus, self.corpus_cut = corpus, corpus_cut
@@ -231,15 +230,25 @@ class CorpusNgrams:
         return out
 
 
-def check_corpus(path: str | os.PathLike[str], *, drafter: str | None = None) -> dict:
+def _check_cut(cut: float) -> None:
+    if not 0.0 <= cut <= 1.0:
+        raise ValueError(f"corpus_cut must be in [0, 1], got {cut}")
+
+
+def check_corpus(
+    path: str | os.PathLike[str], *, drafter: str | None = None, cut: float | None = None
+) -> dict:
     """The verifier record of the corpus folder at `path` (cheap: before any model loads); an error where
-    it is not one, or where `drafter` (a spec) is not a '+lookup' one, which the corpus drafts for."""
+    it is not one, where `drafter` (a spec) is not a '+lookup' one, which the corpus drafts for, or where
+    `cut` is not a share."""
     from specdec.train.corpus import Corpus
 
     if drafter is not None and not drafter.endswith("+lookup"):
         raise ValueError(
             f"a corpus drafts where lookup has nothing: give a '+lookup' drafter, not {drafter!r}"
         )
+    if cut is not None:
+        _check_cut(cut)
     return Corpus(path).meta["verifier"]
 
 

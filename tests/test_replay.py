@@ -328,3 +328,12 @@ def test_engine_corpus_option(tmp_path, capsys):
     (tmp_path / "corpus" / "corpus.json").write_text(json.dumps(meta))
     assert main([*base, "--drafter", f"{ckpt}+lookup", "--corpus", corpus]) == 2
     assert "not by this verifier" in capsys.readouterr().err
+
+
+def test_load_drafter_refuses_a_bad_corpus_cut_before_loading(tmp_path):
+    from specdec.api import load_drafter
+
+    v = StubVerifier()
+    corpus = stub_corpus(tmp_path / "corpus", v)
+    with pytest.raises(ValueError, match=r"corpus_cut must be in \[0, 1\], got 2"):  # no drafter there
+        load_drafter(str(tmp_path / "nowhere") + "+lookup", verifier=v, corpus=corpus, corpus_cut=2.0)
