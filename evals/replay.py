@@ -12,7 +12,8 @@ The τ a replay gives is the τ the engine measures (tested); the speedup is an 
 table (it leaves out the loop's own overheads, a few percent).
 With `--corpus DIR` it also replays n-grams of the verifier's own answers in a training corpus
 (`specdec.ngram.CorpusNgrams`, the engine's `--corpus`), tried where lookup has nothing, alone and
-before DFlash blocks at the cut P that is best with `+lookup`.
+before DFlash blocks at the cut P that is best with `+lookup`. Last comes the engine's `--min-confidence
+auto` with `+lookup` (and the corpus where given): every draft cut by the verify costs measured here.
 
     python -m specdec.evals.replay --model smollm2-135m --drafter bundled:smollm2-135m \\
         --dataset humaneval --limit 20 --grid 0 0.2 0.4 0.6 0.8
@@ -22,27 +23,33 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import torch
 
 from specdec.args import Parser, add_verifier_args, at_least, finite, resolve_dtype_arg, run_main
+from specdec.costs import VerifyCosts, measure_costs
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, common_prefix_len
-from specdec.ngram import CorpusNgrams, LookupFirstDrafter, check_corpus, load_corpus_ngrams
+from specdec.ngram import (
+    CORPUS_ACCEPT_POWER,
+    CorpusNgrams,
+    LookupFirstDrafter,
+    check_corpus,
+    load_corpus_ngrams,
+    lookup_accept,
+)
 from specdec.protocols import Verifier
 
 __all__ = [
     "Position",
     "ReplayResult",
     "Trace",
-    "choose_from_costs",
+    "choose_block",
     "first_draft_agreement",
     "measure_costs",
     "record",
@@ -59,6 +66,7 @@ class Position:
     lookup: tuple[int, ...]  # prompt lookup's proposal; () when the last n-gram never occurred before
     corpus: tuple[int, ...] = ()  # corpus n-grams' greedy chain (`--corpus`), () without
     corpus_share: tuple[float, ...] = ()  # the share of each of its tokens after its context
+    lookup_ngram: int = 0  # the length of the n-gram prompt lookup matched; 0 where it has nothing
 
 
 @dataclass
@@ -101,47 +109,17 @@ def record(
         logits = proposer.block_logits(output[i], drafter.block_size - 1)  # [bs-1, K]
         top, best = logits.float().softmax(dim=-1).max(dim=-1)  # [bs-1], [bs-1]
         ids = proposer.rows[best] if proposer.rows is not None else best
-        lk = lookup.propose(output[i], block_size - 1)
+        lk, g = lookup.match(output[i], block_size - 1)
         end = P + i + 1  # the committed tokens up to output[i]; the chain reads their last max_order
         chain = corpus.chain(seq[max(0, end - corpus.max_order) : end], block_size - 1) if corpus else []
         trace.positions.append(
-            Position(tuple(ids.tolist()), tuple(top.tolist()), tuple(lk), *map(tuple, zip(*chain)))
+            Position(
+                tuple(ids.tolist()), tuple(top.tolist()), tuple(lk), *map(tuple, zip(*chain)), lookup_ngram=g
+            )
         )
         drafter.extend(feats[P + i : P + i + 1], [output[i]])
         lookup.extend(feats[:0], [output[i]])
     return trace
-
-
-def measure_costs(
-    verifier: Verifier,
-    drafter: DFlashDrafter | None = None,
-    *,
-    context: int = 400,
-    sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16),
-    reps: int = 10,
-) -> tuple[dict[int, float], float | None]:
-    """Median seconds of a verify of each size at `context` cached positions (sizes interleaved within each
-    repetition, so drift hits all alike), and of one proposal of `drafter` (None without one)."""
-    ids = [int(t) for t in torch.randint(10, verifier.vocab_size - 10, (context + max(sizes),)).tolist()]
-    verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
-    verifier.reset()
-    verifier.prefill(ids[:context])
-    if drafter:
-        drafter.reset()
-        drafter.extend(verifier.features(context, device=drafter.device, dtype=drafter.dtype), ids[:context])
-    times: dict[int, list[float]] = {b: [] for b in sizes}
-    draft: list[float] = []
-    for _ in range(reps):
-        for b in sizes:  # each verify ends in a host list: timed end to end
-            t = time.perf_counter()
-            verifier.verify(ids[context : context + b])
-            times[b].append(time.perf_counter() - t)
-            verifier.rollback(b)
-        if drafter:
-            t = time.perf_counter()
-            drafter.propose(ids[context], drafter.block_size - 1)
-            draft.append(time.perf_counter() - t)
-    return {b: statistics.median(x) for b, x in times.items()}, statistics.median(draft) if draft else None
 
 
 def bench_verify(
@@ -167,36 +145,18 @@ def bench_verify(
 MAX_ROW_COST = 0.5
 
 
-def choose_from_costs(table: Mapping[str, Any], *, max_block: int) -> tuple[int, float, str]:
-    """(block size, min confidence, why) from a `bench_verify` table (its relative costs, averaged over
-    contexts). Row k of a verify costs d_k = r(k) - r(k-1) one-token steps (linear between measured
-    sizes); a draft pays when its chance of acceptance exceeds the cost of its row. So the block grows
-    while rows cost at most MAX_ROW_COST (at least 2), and the confidence cut is the costliest row in it:
-    a draft whose running top-1 probability (for a calibrated drafter, its chance of acceptance) is below
-    that costs more than it is expected to give. A table-only rule: the replay tool, which replays real
-    traces of the drafter, finds the best cut for a given drafter and prompts."""
-    rel = table.get("relative") if isinstance(table, Mapping) else None
-    if not rel or not isinstance(rel, Mapping):
-        raise ValueError("the cost table has no 'relative' costs; write it with `specdec bench-verify --out`")
-    try:
-        sizes = sorted({int(b) for row in rel.values() for b in row})
-        r = {b: statistics.mean(float(row[str(b)]) for row in rel.values() if str(b) in row) for b in sizes}
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ValueError(f"malformed cost table ({type(e).__name__}: {e})") from None
-    if sizes[:2] != [1, 2]:
-        raise ValueError(f"the cost table must measure verifies of 1 and 2 tokens; it has sizes {sizes}")
-    row = {
-        k: max(0.0, (r[hi] - r[lo]) / (hi - lo)) for lo, hi in pairwise(sizes) for k in range(lo + 1, hi + 1)
-    }
+def choose_block(costs: VerifyCosts, *, max_block: int) -> tuple[int, str]:
+    """(block size, why) for `--block-size auto` from verify costs (e.g. a `bench_verify` table:
+    `VerifyCosts.from_table`). Row k of a verify costs r(k) - r(k-1) one-token steps, and a draft pays
+    only when its chance of acceptance exceeds the cost of its row; so the block grows while rows cost at
+    most MAX_ROW_COST (at least 2). Which drafts of a block are verified is `--min-confidence`'s choice."""
+    r = costs.relative
+    row = {k: max(0.0, r[k - 1] - r[k - 2]) for k in range(2, len(r) + 1)}
     block = 2
     while block < max_block and row.get(block + 1, float("inf")) <= MAX_ROW_COST:
         block += 1
-    p = min(0.9, max(row[k] for k in range(2, block + 1)))
-    why = (
-        f"from the cost table: rows 2..{block} cost at most {p:.2f} of a one-token step "
-        f"(a verify of {block} costs {r.get(block, float('nan')):.2f}x one token)"
-    )
-    return block, round(p, 3), why
+    why = f"rows 2..{block} cost at most {MAX_ROW_COST} of a one-token step"
+    return block, why
 
 
 @dataclass(frozen=True)
@@ -209,6 +169,7 @@ class ReplayResult:
     tokens: int
     est_speedup: float | None  # AR time / replayed time, from the cost table; None without one
     corpus: float | None = None  # the cut of corpus n-gram drafts, tried after lookup; None: not used
+    by_cost: bool = False  # `--min-confidence auto`: every draft cut by verify costs (`replay(cut_by=)`)
 
 
 def _cut(draft: tuple[int, ...], confidence: tuple[float, ...], p: float) -> tuple[int, ...]:
@@ -216,6 +177,17 @@ def _cut(draft: tuple[int, ...], confidence: tuple[float, ...], p: float) -> tup
         return draft
     below = np.flatnonzero(np.cumprod(confidence) < p)
     return draft[: int(below[0])] if len(below) else draft
+
+
+def _by_cost(pos: Position, k: int, costs: VerifyCosts) -> tuple[tuple[int, ...], bool]:
+    """(draft, DFlash ran) of `LookupFirstDrafter` with `costs`, allowed k drafts: its reference."""
+    looked = costs.rate(lookup_accept(pos.lookup_ngram, len(pos.lookup[:k])))
+    mined = costs.rate([s**CORPUS_ACCEPT_POWER for s in pos.corpus_share[:k]])
+    draft = pos.lookup[: looked[0]] if looked[1] >= mined[1] else ()
+    chain = pos.corpus[: mined[0]] if not draft else ()
+    if draft or chain:
+        return draft or chain, False
+    return pos.dflash[: costs.best_length(pos.confidence[:k])], True
 
 
 def replay(
@@ -229,13 +201,16 @@ def replay(
     costs: Mapping[int, float] | None = None,
     draft_s: float = 0.0,
     corpus: float | None = None,
+    cut_by: VerifyCosts | None = None,
 ) -> ReplayResult:
     """Walk each trace as the engine would with this policy (see the module docstring). `dflash=False`
     replays prompt lookup alone: the engine with `PromptLookupDrafter(block_size, min_ngram=2)`, the
     lookup half of `LookupFirstDrafter`, so it shows what the DFlash half adds to `+lookup`.
     `corpus=P` drafts by corpus n-grams (recorded with `record(..., corpus=)`) where lookup has nothing
     and the chain, cut at running share P, is not empty; then DFlash, if on (`LookupFirstDrafter` with a
-    `corpus`). A corpus draft is charged no drafting time (a few binary searches)."""
+    `corpus`). A corpus draft is charged no drafting time (a few binary searches). `cut_by` replays
+    `--min-confidence auto` (`LookupFirstDrafter` and DFlash with these verify costs, corpus n-grams
+    where recorded; `min_confidence`, `lookup`, `dflash` and `corpus` unused)."""
     if not (lookup or dflash or corpus is not None):
         raise ValueError("a policy drafts with lookup, corpus n-grams, DFlash or a mix")
     sizes = sorted(costs) if costs else []
@@ -252,7 +227,9 @@ def replay(
             pos = tr.positions[i]
             k = min(block_size - 1, limit - (i + 1) - 1)  # what the engine lets a step draft
             mined = _cut(pos.corpus, pos.corpus_share, corpus) if corpus is not None else ()
-            if lookup and pos.lookup:
+            if cut_by is not None:
+                draft, ran = _by_cost(pos, k, cut_by)
+            elif lookup and pos.lookup:
                 draft, ran = pos.lookup[:k], False
             elif mined or not dflash:
                 draft, ran = mined[:k], False
@@ -267,7 +244,7 @@ def replay(
         ar += (len(out) - 1) * cost(1) if costs else 0.0
     return ReplayResult(
         min_confidence, lookup, dflash, accepted_plus_one / max(steps, 1), steps, tokens,
-        ar / spent if costs and spent else None, corpus,
+        ar / spent if costs and spent else None, corpus, cut_by is not None,
     )  # fmt: skip
 
 
@@ -377,8 +354,11 @@ def _run(args: argparse.Namespace) -> int:
             rows += [
                 run(min_confidence=p, dflash=df, corpus=cc) for cc in args.corpus_cut for df in (False, True)
             ]
+        rows.append(run(min_confidence=0.0, cut_by=VerifyCosts.from_seconds(costs, source="measured")))
         for r in rows:
-            if r.corpus is not None:
+            if r.by_cost:
+                policy = "+lookup" + (" +corpus" if corpus else "") + " cut by cost (auto)"
+            elif r.corpus is not None:
                 policy = f"+lookup +corpus P={r.corpus:g}" + (
                     f" DFlash P={r.min_confidence:g}" if r.dflash else ""
                 )

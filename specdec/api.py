@@ -18,6 +18,7 @@ import torch
 
 from specdec.args import DRAFTER_RUNTIMES, RUNTIMES
 from specdec.chat import encode_prompt
+from specdec.costs import VerifyCosts
 from specdec.engine import DecodeConfig, check_request, generate
 from specdec.protocols import Drafter, Verifier
 from specdec.records import (
@@ -147,6 +148,7 @@ def load_drafter(
     runtime: str = "torch",
     corpus: str | os.PathLike[str] | None = None,
     corpus_cut: float = 0.4,
+    costs: VerifyCosts | None = None,
 ) -> Drafter | None:
     """`spec`: None/"none" (autoregressive), "prompt-lookup", "bundled:<model>" (a drafter shipped with
     specdec, e.g. "bundled:smollm2-135m"), a folder with a DFlash checkpoint, or a hub repo id of one
@@ -157,7 +159,9 @@ def load_drafter(
     `runtime` "mlx" runs a DFlash drafter in MLX itself (`specdec.dflash_mlx`, with an MLX verifier:
     nothing crosses to torch); "torch" (default) the PyTorch drafter on `device`. `corpus`, a corpus
     folder of this verifier's own answers (e.g. `bundled_corpus(model)`), makes a "+lookup" drafter try
-    their n-grams where lookup has nothing, cut at running share `corpus_cut` (`LookupFirstDrafter`)."""
+    their n-grams where lookup has nothing, cut at running share `corpus_cut` (`LookupFirstDrafter`).
+    `costs` (`specdec.costs.VerifyCosts`, instead of `min_confidence`) cuts every draft where it commits
+    the most tokens per verify cost; a "+lookup" drafter then picks the better of lookup and corpus."""
     if runtime not in DRAFTER_RUNTIMES:
         raise ValueError(f"unknown drafter runtime {runtime!r}; choose one of {DRAFTER_RUNTIMES}")
     if corpus is not None:
@@ -165,8 +169,13 @@ def load_drafter(
 
         check_corpus(corpus, drafter=str(spec), cut=corpus_cut)  # before the drafter loads
     check_device_dtype(device, torch_dtype(dtype))
-    if min_confidence and (spec in (None, "none") or spec.removesuffix("+lookup") == "prompt-lookup"):
-        raise ValueError(f"min_confidence cuts DFlash blocks; drafter {spec!r} has none")
+    if min_confidence and costs is not None:
+        raise ValueError("give min_confidence or verify costs, not both: each sets where drafts are cut")
+    if (min_confidence or costs) and (
+        spec in (None, "none") or spec.removesuffix("+lookup") == "prompt-lookup"
+    ):
+        what = "min_confidence cuts" if min_confidence else "verify costs cut"
+        raise ValueError(f"{what} DFlash blocks; drafter {spec!r} has none")
     if spec in (None, "none"):
         return None
     if spec.endswith("+lookup"):
@@ -174,12 +183,14 @@ def load_drafter(
 
         inner = load_drafter(
             spec.removesuffix("+lookup"), verifier=verifier, block_size=block_size, device=device,
-            dtype=dtype, min_confidence=min_confidence, runtime=runtime,
+            dtype=dtype, min_confidence=min_confidence, runtime=runtime, costs=costs,
         )  # fmt: skip
         if inner is None or inner.name == "prompt-lookup":
             raise ValueError(f"drafter {spec!r}: '+lookup' goes after a DFlash drafter")
         ngrams = load_corpus_ngrams(corpus, verifier) if corpus is not None else None
-        return LookupFirstDrafter(inner, block_size=block_size, corpus=ngrams, corpus_cut=corpus_cut)
+        return LookupFirstDrafter(
+            inner, block_size=block_size, corpus=ngrams, corpus_cut=corpus_cut, costs=costs
+        )
     asked = spec
     if spec.startswith("bundled:"):
         spec = str(bundled_drafter(spec.removeprefix("bundled:")))
@@ -201,12 +212,14 @@ def load_drafter(
             from specdec.dflash_mlx import MLXDFlashDrafter
 
             name = str(torch_dtype(dtype)).removeprefix("torch.")  # "bf16" -> "bfloat16"
-            drafter = MLXDFlashDrafter.from_pretrained(path, dtype=name, min_confidence=min_confidence)
+            drafter = MLXDFlashDrafter.from_pretrained(
+                path, dtype=name, min_confidence=min_confidence, costs=costs
+            )
         else:
             from specdec.dflash import DFlashDrafter
 
             drafter = DFlashDrafter.from_pretrained(
-                path, device=device, dtype=torch_dtype(dtype), min_confidence=min_confidence
+                path, device=device, dtype=torch_dtype(dtype), min_confidence=min_confidence, costs=costs
             )
         if spec != asked and not asked.startswith("bundled:"):
             drafter.name = asked  # a hub repo id names the drafter, not its cache folder
@@ -235,6 +248,8 @@ def run_config(
             "path": getattr(drafter, "path", None),
             # DFlash block cut-off (see DFlashDrafter); a lookup-first drafter reports its inner one's
             "min_confidence": getattr(getattr(drafter, "drafter", drafter), "min_confidence", None),
+            # drafts cut where they commit most per verify cost (specdec.costs), None without
+            "costs": c.to_json() if (c := getattr(drafter, "costs", None)) is not None else None,
             # corpus n-grams tried where lookup has nothing (LookupFirstDrafter), None without
             "corpus": {"path": c.source, "cut": drafter.corpus_cut}
             if (c := getattr(drafter, "corpus", None)) is not None

@@ -118,12 +118,13 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
     p.add_argument(
         "--min-confidence", type=or_auto(finite(0, 1)), default=0.0,
         help="cut DFlash blocks where the drafter's running top-1 probability falls below this (0: whole "
-        "blocks). Worth it where verifying several tokens costs far more than one, as on CPUs; auto: "
-        "from --costs",
+        "blocks). Worth it where verifying several tokens costs far more than one, as on CPUs; auto: cut "
+        "every draft where it commits the most tokens per verify cost (see --costs)",
     )  # fmt: skip
     p.add_argument(
         "--costs", metavar="JSON",
-        help="a verify cost table (`specdec bench-verify --out`) for --block-size / --min-confidence auto",
+        help="a verify cost table (`specdec bench-verify --out`) for --block-size / --min-confidence auto; "
+        "without it they time this verifier's verifies at load (a few seconds)",
     )  # fmt: skip
     p.add_argument(
         "--corpus", metavar="DIR",
@@ -174,13 +175,14 @@ def check_drafter_runtimes(args: argparse.Namespace, runtimes: Sequence[str]) ->
 
 
 def load_drafter_arg(args: argparse.Namespace, verifier: Verifier, *, runtime: str) -> Drafter | None:
-    """The drafter the options name, bound to `verifier`, in drafter runtime `runtime`."""
+    """The drafter the options name, bound to `verifier`, in drafter runtime `runtime` (its drafts cut by
+    the verify costs `load_models` put in `args.verify_costs` for `--min-confidence auto`)."""
     from specdec.api import load_drafter
 
     return load_drafter(
         args.drafter, verifier=verifier, block_size=args.block_size or LOOKUP_BLOCK_SIZE, device=args.device,
         dtype=args.dtype, min_confidence=args.min_confidence, runtime=runtime, corpus=args.corpus,
-        corpus_cut=args.corpus_cut,
+        corpus_cut=args.corpus_cut, costs=getattr(args, "verify_costs", None),
     )  # fmt: skip
 
 
@@ -188,6 +190,7 @@ def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int
     """(verifier, drafter or None, block size) from the verifier and drafter options: the block size is
     `--block-size` or the drafter's own (1 without a drafter)."""
     from specdec.api import load_verifier
+    from specdec.costs import VerifyCosts
 
     check_drafter_runtimes(args, [args.drafter_runtime])
     resolve_dtype_arg(args)
@@ -197,25 +200,28 @@ def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int
 
         check_corpus(args.corpus, drafter=args.drafter)
     verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
+    costs = None
+    if auto_block or auto_p:
+        costs = VerifyCosts.from_table(table, source=args.costs) if table else VerifyCosts.measure(verifier)
+    args.verify_costs = costs if auto_p else None
     drafter = load_drafter_arg(args, verifier, runtime=args.drafter_runtime)
-    if table is not None and drafter is not None:
-        from specdec.evals.replay import choose_from_costs
-
-        block, p, why = choose_from_costs(table, max_block=drafter.block_size)
+    if costs is not None and drafter is not None:
+        relative = ", ".join(f"{b} tokens {costs.cost(b):.2f}x" for b in (2, 4, 8, 16))
+        print(f"verify costs ({costs.source}): {relative}", file=sys.stderr)
         if auto_block:
-            args.block_size = block
+            from specdec.evals.replay import choose_block
+
+            args.block_size, why = choose_block(costs, max_block=drafter.block_size)
+            print(f"block size {args.block_size}: {why}", file=sys.stderr)
         if auto_p:
-            args.min_confidence = p
-            getattr(drafter, "drafter", drafter).min_confidence = p  # the DFlash part of a +lookup one
-        print(f"block size {args.block_size or drafter.block_size}, min confidence {args.min_confidence} "
-              f"({why})", file=sys.stderr)  # fmt: skip
+            print("drafts cut where they commit the most tokens per verify cost", file=sys.stderr)
     block = 1 if drafter is None else (args.block_size or drafter.block_size)
     return verifier, drafter, block
 
 
 def _cost_table(args: argparse.Namespace) -> tuple[dict | None, bool, bool]:
-    """(the --costs table or None, block size auto, min confidence auto), checked before any work; the
-    auto options are loaded as their defaults and replaced once the drafter is known."""
+    """(the --costs table or None: measure, block size auto, min confidence auto), checked before any work;
+    the auto options are loaded as their defaults and replaced once the drafter is known."""
     auto_block, auto_p = args.block_size == "auto", args.min_confidence == "auto"
     if not (auto_block or auto_p):
         if args.costs:
@@ -224,20 +230,17 @@ def _cost_table(args: argparse.Namespace) -> tuple[dict | None, bool, bool]:
     base = args.drafter.removesuffix("+lookup")
     if base == "none" or (auto_p and base == "prompt-lookup"):
         raise ValueError(f"auto block size / confidence cut need a DFlash drafter, not {args.drafter!r}")
+    args.block_size = None if auto_block else args.block_size
+    args.min_confidence = 0.0 if auto_p else args.min_confidence
     if not args.costs:
-        raise ValueError(
-            "--block-size auto / --min-confidence auto pick from a measured verify cost table: give "
-            "--costs FILE, written by `specdec bench-verify --out FILE` for this verifier"
-        )
+        return None, auto_block, auto_p
     try:
         table = json.loads(Path(args.costs).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"--costs {args.costs!r}: cannot read a JSON cost table ({e})") from None
-    from specdec.evals.replay import choose_from_costs
+    from specdec.costs import VerifyCosts
 
-    choose_from_costs(table, max_block=2)  # a malformed table fails here, before any load
-    args.block_size = None if auto_block else args.block_size
-    args.min_confidence = 0.0 if auto_p else args.min_confidence
+    VerifyCosts.from_table(table, source=args.costs)  # a malformed table fails here, before any load
     return table, auto_block, auto_p
 
 

@@ -97,11 +97,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-# tuned for SmolLM2-135M + the bundled drafter on a 2-core x86 CPU with specdec.kernels' few-row linears
-# (replayed over HumanEval 20 and MT-Bench 10 x 2: P 0.1-0.2 is a plateau; 0.4 was best before them)
-CPU_MIN_CONFIDENCE = 0.15
-
-
 def default_platform() -> tuple[str, str]:
     """(verifier runtime, drafter device) for the main job: MLX + MPS on Apple Silicon, HF + CPU elsewhere."""
     import platform
@@ -114,6 +109,7 @@ def default_platform() -> tuple[str, str]:
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: a short HumanEval eval of the bundled drafter against the AR baseline."""
     from specdec.api import bundled_corpus, load_drafter, load_verifier, resolve_dtype
+    from specdec.costs import VerifyCosts
     from specdec.evals.datasets import load_dataset
     from specdec.evals.report import print_summary_table
     from specdec.evals.run import OUTPUT_NAMES, run_eval
@@ -124,16 +120,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dtype, why = resolve_dtype(args.dtype, runtime, "cpu")
     verifier = load_verifier(runtime, args.model, dtype=dtype, device="cpu")
     cpu = device == "cpu"
-    # on a small CPU a verify of 8 tokens costs ~1.4-1.6x a one-token step, so draft only where it is
-    # likely accepted: lookup where the text repeats, then the n-grams of the verifier's own answers in the
-    # bundled training corpus, then confident DFlash blocks
+    # on a small CPU a verify of 8 tokens costs ~1.5-2x a one-token step, so draft only what is likely
+    # accepted: lookup where the text repeats, the n-grams of the verifier's own answers in the bundled
+    # training corpus, DFlash where neither has a draft, each cut where it commits the most tokens per
+    # verify cost, as measured here at start (a few seconds)
     lookup = cpu and not args.no_lookup
     spec = f"bundled:{args.model}" + ("+lookup" if lookup else "")
     corpus = bundled_corpus(args.model) if lookup and not args.no_corpus else None
-    conf = args.min_confidence if args.min_confidence is not None else (CPU_MIN_CONFIDENCE if cpu else 0.0)
+    costs = VerifyCosts.measure(verifier) if cpu and args.min_confidence is None else None
     drafter = load_drafter(
-        spec, verifier=verifier, device=device, dtype=dtype, min_confidence=conf,
-        runtime=args.drafter_runtime, corpus=corpus,
+        spec, verifier=verifier, device=device, dtype=dtype, min_confidence=args.min_confidence or 0.0,
+        runtime=args.drafter_runtime, corpus=corpus, costs=costs,
     )  # fmt: skip
     records = load_dataset("humaneval", args.limit)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size or drafter.block_size)
@@ -204,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--block-size", type=at_least(1), help="default: the drafter's block size")
     d.add_argument(
         "--min-confidence", type=finite(0, 1),
-        help=f"cut DFlash blocks below this running top-1 probability (default {CPU_MIN_CONFIDENCE} on "
-        "a CPU, else 0)",
+        help="cut DFlash blocks below this running top-1 probability (default: on a CPU every draft is "
+        "cut where it commits the most tokens per verify cost, measured at start; else whole blocks)",
     )  # fmt: skip
     d.add_argument("--no-lookup", action="store_true", help="DFlash alone (default on a CPU: +lookup)")
     d.add_argument(

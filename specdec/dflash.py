@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.checkpoint import SLIDING, DFlashConfig, load_checkpoint, save_checkpoint
+from specdec.costs import VerifyCosts
 from specdec.kernels import use_onednn
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord, check_compatible
 
@@ -493,14 +494,21 @@ class DFlashProposer:
         return full.index_copy_(1, self.rows, logits)
 
     def propose_block(
-        self, last_token: int, n: int | None = None, *, min_confidence: float = 0.0
+        self,
+        last_token: int,
+        n: int | None = None,
+        *,
+        min_confidence: float = 0.0,
+        costs: VerifyCosts | None = None,
     ) -> BlockProposal:
         """Greedy block: n tokens (default block_size - 1) to follow `last_token`.
 
         Always runs the full block (what the model was trained on) and keeps the first n. With
         `min_confidence` > 0 the block ends before the first position where the product of the drafter's
         top-1 probabilities so far drops below it (possibly no tokens): where a verify of several tokens
-        costs much more than a one-token step (CPUs), unlikely drafts are not worth verifying."""
+        costs much more than a one-token step (CPUs), unlikely drafts are not worth verifying. With `costs`
+        the block is cut where it commits the most tokens per verify cost, the top-1 probabilities taken
+        as the chances of acceptance (`VerifyCosts.best_length`)."""
         n = self.block_size - 1 if n is None else n
         if not 0 <= n < self.block_size:
             raise ValueError(f"can propose 0..{self.block_size - 1} tokens per block, asked for {n}")
@@ -513,7 +521,7 @@ class DFlashProposer:
             before = torch.cuda.memory_allocated(dev) if cuda else 0
             self._probe.reset()
         logits = self.block_logits(last_token, n)  # [n, K]
-        if min_confidence > 0:
+        if min_confidence > 0 or costs is not None:
             top, best = logits.float().softmax(dim=-1).max(dim=-1)  # [n], [n] columns
         else:
             best = logits.argmax(dim=-1)  # [n] columns
@@ -525,6 +533,8 @@ class DFlashProposer:
         tokens = best.tolist()  # the one sync of a proposal
         if min_confidence > 0 and -1 in tokens:
             tokens = tokens[: tokens.index(-1)]
+        if costs is not None:
+            tokens = tokens[: costs.best_length(top.tolist())]  # computed by now: no second wait
         peak_act, record = None, None
         if self.measure_memory:
             record = self._probe.read()
@@ -552,12 +562,14 @@ class DFlashDrafter:
         name: str = "dflash",
         measure_memory: bool = False,
         min_confidence: float = 0.0,
+        costs: VerifyCosts | None = None,
     ) -> None:
         """`min_confidence`: cut each greedy block where the drafter's running top-1 probability falls
-        below it (see `DFlashProposer.propose_block`); 0 proposes whole blocks."""
+        below it; `costs`: where it commits the most tokens per verify cost (see
+        `DFlashProposer.propose_block`); neither proposes whole blocks."""
         if not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
-        self.min_confidence = min_confidence
+        self.min_confidence, self.costs = min_confidence, costs
         cfg = model.cfg
         self.model = model.eval()
         use_onednn(model)  # float32 on a CPU: a block costs much less (see specdec.kernels)
@@ -581,6 +593,7 @@ class DFlashDrafter:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         min_confidence: float = 0.0,
+        costs: VerifyCosts | None = None,
     ) -> DFlashDrafter:
         """Load a public-format checkpoint folder (config.json + model.safetensors)."""
         cfg, state = load_checkpoint(path)
@@ -588,7 +601,7 @@ class DFlashDrafter:
             model = DFlashDraftModel(cfg)
         model.load_state_dict(state, strict=True, assign=True)  # names/shapes already checked
         model = model.to(device=device, dtype=dtype)
-        drafter = cls(model, name=Path(path).name, min_confidence=min_confidence)
+        drafter = cls(model, name=Path(path).name, min_confidence=min_confidence, costs=costs)
         drafter.path = str(path)
         return drafter
 
@@ -649,7 +662,10 @@ class DFlashDrafter:
         self._need().extend(features)  # DFlash conditions on features only; the tokens are not needed
 
     def propose(self, last_token: int, n: int) -> list[int]:
-        return self._need().propose_block(last_token, n, min_confidence=self.min_confidence).tokens
+        proposer = self._need()
+        return proposer.propose_block(
+            last_token, n, min_confidence=self.min_confidence, costs=self.costs
+        ).tokens
 
     def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
         """Logits [n, V] of the next n positions, for sampled proposals at temperature > 0."""

@@ -35,6 +35,7 @@ from specdec.checkpoint import (
     load_config,
     require_file,
 )
+from specdec.costs import VerifyCosts
 from specdec.memory import mlx_probe
 from specdec.protocols import MemoryProbe, check_compatible
 from specdec.verifiers.mlx import MLX_DTYPES
@@ -207,12 +208,18 @@ class MLXDFlashDrafter:
     runtime = "mlx"
 
     def __init__(
-        self, model: MLXDFlashModel, *, name: str = "dflash-mlx", min_confidence: float = 0.0
+        self,
+        model: MLXDFlashModel,
+        *,
+        name: str = "dflash-mlx",
+        min_confidence: float = 0.0,
+        costs: VerifyCosts | None = None,
     ) -> None:
         if not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
         cfg = model.cfg
         self.model, self.cfg, self.name, self.min_confidence = model, cfg, name, min_confidence
+        self.costs = costs
         self.block_size, self.target_layer_ids = cfg.block_size, tuple(cfg.target_layer_ids)
         self.feature_dim, self.vocab_size = cfg.feature_dim, cfg.vocab_size
         self.mask_token_id = cfg.mask_token_id
@@ -227,7 +234,12 @@ class MLXDFlashDrafter:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, *, dtype: str = "float32", min_confidence: float = 0.0
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        min_confidence: float = 0.0,
+        costs: VerifyCosts | None = None,
     ) -> MLXDFlashDrafter:
         """Load a public-format checkpoint folder (the one the PyTorch drafter loads)."""
         if dtype not in MLX_DTYPES:
@@ -242,7 +254,7 @@ class MLXDFlashDrafter:
         model = MLXDFlashModel(cfg)
         model.load_weights([(k, v.astype(MLX_DTYPES[dtype])) for k, v in weights.items()], strict=True)
         mx.eval(model.parameters())  # evaluated here: any thread may decode (see specdec.verifiers.mlx)
-        d = cls(model, name=Path(path).name, min_confidence=min_confidence)
+        d = cls(model, name=Path(path).name, min_confidence=min_confidence, costs=costs)
         d.path = str(path)
         return d
 
@@ -314,11 +326,12 @@ class MLXDFlashDrafter:
         best = mx.argmax(logits, axis=-1)
         if self._rows is not None:
             best = self._rows[best]  # [n] vocabulary ids
-        if self.min_confidence > 0:  # cut where the running top-1 probability falls below it (see dflash)
+        if self.min_confidence > 0 or self.costs is not None:  # cut as the torch drafter does (see dflash)
             top = mx.max(mx.softmax(logits, axis=-1), axis=-1)
             best = mx.where(mx.cumprod(top) < self.min_confidence, -1, best)
         tokens = best.tolist()  # the one sync of a proposal
-        return tokens[: tokens.index(-1)] if -1 in tokens else tokens
+        tokens = tokens[: tokens.index(-1)] if -1 in tokens else tokens
+        return tokens[: self.costs.best_length(top.tolist())] if self.costs is not None else tokens
 
     def rollback(self, n: int) -> None:
         cache = self._need()

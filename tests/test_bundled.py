@@ -48,6 +48,7 @@ def test_no_bundled_drafter_for_unknown_model():
 def test_bundled_drafter_binds_and_decodes_exactly(model):
     pytest.importorskip("transformers")
     from specdec.api import encode_prompt, load_verifier
+    from specdec.costs import VerifyCosts
     from specdec.engine import DecodeConfig, generate
 
     v = load_verifier("hf", model)
@@ -58,7 +59,8 @@ def test_bundled_drafter_binds_and_decodes_exactly(model):
     spec = generate(v, ids, drafter=d, cfg=DecodeConfig(block_size=d.block_size, **cfg))
     assert spec.output_tokens == ar.output_tokens
     assert sum(s.accepted for s in spec.decode_steps) > 0  # a trained drafter gets something accepted
-    mix = load_drafter(f"bundled:{model}+lookup", verifier=v, corpus=bundled_corpus(model))  # the demo's
-    spec = generate(v, ids, drafter=mix, cfg=DecodeConfig(block_size=mix.block_size, **cfg))
-    assert spec.output_tokens == ar.output_tokens and mix.counts["corpus"] > 0
+    for costs in (None, VerifyCosts.measure(v, reps=1)):  # the demo's on a CPU: drafts cut by verify costs
+        mix = load_drafter(f"bundled:{model}+lookup", verifier=v, corpus=bundled_corpus(model), costs=costs)
+        spec = generate(v, ids, drafter=mix, cfg=DecodeConfig(block_size=mix.block_size, **cfg))
+        assert spec.output_tokens == ar.output_tokens and mix.counts["corpus"] > 0
     assert torch.get_default_dtype() == torch.float32

@@ -17,6 +17,7 @@ pytest.importorskip("mlx_lm")
 import mlx.core as mx
 
 from specdec.checkpoint import DFlashConfig
+from specdec.costs import VerifyCosts
 from specdec.dflash import DFlashDrafter, DFlashDraftModel
 from specdec.dflash_mlx import MLXDFlashDrafter
 from specdec.engine import DecodeConfig, generate
@@ -91,6 +92,11 @@ def test_same_tokens_and_acceptance_end_to_end(tmp_path):
     a, b = generate(v, prompt, drafter=t, cfg=cfg), generate(v, prompt, drafter=m, cfg=cfg)
     assert a.output_tokens == b.output_tokens == greedy_reference(v, prompt, 40)
     assert [s.acceptance_length for s in a.steps] == [s.acceptance_length for s in b.steps]
+    t.costs = m.costs = VerifyCosts((1.0, 1.0, 1.4, 1.1, 1.6, 2.0), "t")  # both cut by the same costs
+    a, b = generate(v, prompt, drafter=t, cfg=cfg), generate(v, prompt, drafter=m, cfg=cfg)
+    assert a.output_tokens == b.output_tokens == greedy_reference(v, prompt, 40)
+    assert [s.drafted for s in a.steps] == [s.drafted for s in b.steps]
+    assert len({s.drafted for s in a.decode_steps}) > 1  # the costs cut blocks at several lengths
 
 
 def test_quantized_verifier_head(tmp_path):

@@ -152,20 +152,22 @@ def _table(**rel):
 
 
 @pytest.mark.parametrize(
-    ("rel", "block", "p"),
+    ("rel", "block"),
     [
-        (dict(b1=1, b2=1.02, b4=1.03, b8=1.06, b16=1.15), 16, 0.02),  # GPU-like: whole blocks
-        (dict(b1=1, b2=1.16, b4=1.21, b8=1.30, b16=1.56), 16, 0.16),  # this CPU in fp32 (issue 17)
-        (dict(b1=1, b2=1.1, b4=1.2, b8=3.6), 4, 0.1),  # rows 5..8 cost 0.6 each: stop at 4
-        (dict(b1=1, b2=1.9, b4=3.5), 2, 0.9),  # a second row costs 0.9: one draft, cut at 0.9
+        (dict(b1=1, b2=1.02, b4=1.03, b8=1.06, b16=1.15), 16),  # GPU-like: whole blocks
+        (dict(b1=1, b2=1.16, b4=1.21, b8=1.30, b16=1.56), 16),  # the Xeon CI CPU in fp32 (issue 17)
+        (dict(b1=1, b2=1.1, b4=1.2, b8=3.6), 4),  # rows 5..8 cost 0.6 each: stop at 4
+        (dict(b1=1, b2=1.9, b4=3.5), 2),  # a second row costs 0.9: one draft
     ],
 )
-def test_auto_block_and_confidence_from_a_cost_table(rel, block, p):
-    from specdec.evals.replay import choose_from_costs
+def test_auto_block_from_a_cost_table(rel, block):
+    from specdec.costs import VerifyCosts
+    from specdec.evals.replay import choose_block
 
-    got_block, got_p, why = choose_from_costs(_table(**rel), max_block=16)
-    assert (got_block, got_p) == (block, p) and "cost table" in why
-    assert choose_from_costs(_table(**rel), max_block=8)[0] == min(block, 8)
+    costs = VerifyCosts.from_table(_table(**rel), source="t")
+    got, why = choose_block(costs, max_block=16)
+    assert got == block and "one-token step" in why
+    assert choose_block(costs, max_block=8)[0] == min(block, 8)
 
 
 def test_auto_options_on_the_cli(tmp_path, capsys):
@@ -179,29 +181,37 @@ def test_auto_options_on_the_cli(tmp_path, capsys):
     base = ["generate", "--verifier", "stub", "--drafter", str(ckpt), "--prompt", "hello",
             "--max-new-tokens", "6"]  # fmt: skip
     out = tmp_path / "r.json"
-    argv = [
-        *base,
-        "--block-size",
-        "auto",
-        "--min-confidence",
-        "auto",
-        "--costs",
-        str(costs),
-        "--out",
-        str(out),
-    ]
+    auto = ["--block-size", "auto", "--min-confidence", "auto"]
+    assert main([*base, *auto, "--costs", str(costs), "--out", str(out)]) == 0, capsys.readouterr().err
+    cfg = json.loads(out.read_text())["config"]
+    err = capsys.readouterr().err
+    assert "block size 4" in err and "drafts cut where they commit the most tokens per verify cost" in err
+    assert cfg["block_size"] == 4 and cfg["drafter"]["min_confidence"] == 0.0
+    assert cfg["drafter"]["costs"]["source"] == str(costs) and cfg["drafter"]["costs"]["relative"][3] == 1.2
+    # without a table the verifier's verifies are timed at load; a +lookup drafter cuts its drafts too
+    argv = [*base, "--drafter", f"{ckpt}+lookup", "--min-confidence", "auto", "--out", str(out)]
     assert main(argv) == 0, capsys.readouterr().err
     cfg = json.loads(out.read_text())["config"]
-    assert "block size 4, min confidence 0.1" in capsys.readouterr().err
-    assert cfg["block_size"] == 4 and cfg["drafter"]["min_confidence"] == 0.1
+    assert cfg["drafter"]["costs"]["source"] == "measured" and cfg["block_size"] == 16
     for extra, msg in [
-        (["--block-size", "auto"], "give --costs FILE"),
         (["--costs", str(costs)], "read only with --block-size auto"),
         (["--block-size", "auto", "--costs", str(tmp_path)], "cannot read a JSON cost table"),
         (["--min-confidence", "auto", "--costs", str(ckpt / "config.json")], "no 'relative' costs"),
+        (["--min-confidence", "auto", "--drafter", "prompt-lookup"], "need a DFlash drafter"),
     ]:
         assert main([*base, *extra]) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_load_drafter_takes_costs_or_min_confidence_not_both():
+    from specdec.api import load_drafter
+    from specdec.costs import VerifyCosts
+
+    v, costs = StubVerifier(), VerifyCosts((1.0, 1.0), "t")
+    with pytest.raises(ValueError, match="not both"):
+        load_drafter("bundled:smollm2-135m", verifier=v, min_confidence=0.2, costs=costs)
+    with pytest.raises(ValueError, match="verify costs cut DFlash blocks"):
+        load_drafter("prompt-lookup", verifier=v, costs=costs)
 
 
 def test_corpus_policy_equals_the_engine_on_the_stub():
@@ -232,6 +242,62 @@ def test_corpus_policy_equals_the_engine_on_the_stub():
                 len(steps),
                 pytest.approx(statistics.mean(s.acceptance_length for s in steps)),
             ), (cut, p)
+
+
+@pytest.mark.parametrize(
+    "relative",
+    [
+        (1.0, 1.0),  # GPU-like: every draft is free, whole proposals
+        (1.0, 0.9, 1.2, 1.05, 1.4, 1.7, 1.8),  # a small CPU in fp32: steps at 3 and 5+ tokens
+        (1.0, 1.6, 2.2),  # a second token costs most of a step: only sure drafts
+    ],
+)
+def test_cost_cut_policy_equals_the_engine_on_the_stub(relative):
+    """`--min-confidence auto`: lookup, corpus and DFlash drafts cut by verify costs, the better of lookup
+    and corpus proposed; the engine against the replay's walk, and exact."""
+    from specdec.costs import VerifyCosts
+
+    verifier = StubVerifier()
+    cfg = DecodeConfig(max_new_tokens=40, block_size=1)
+    answers = [
+        generate(verifier, verifier.tokenizer.encode(t), cfg=cfg).output_tokens
+        for t in ("speculative", "decoding is exact", "a b c d", "drafts and verifies")
+    ]
+    table = CorpusNgrams(answers, max_order=4, min_count=1)
+    prompt = verifier.tokenizer.encode("speculative decoding, speculative decoding")
+    base = generate(verifier, prompt, cfg=cfg).output_tokens
+    costs = VerifyCosts(relative, "test")
+    inner = DFlashDrafter(make_model(stub_cfg()), costs=costs)
+    inner.bind(verifier)
+    trace = record(verifier, inner, prompt, base, corpus=table)
+    assert any(p.lookup_ngram == 3 for p in trace.positions) and any(p.corpus for p in trace.positions)
+    engine = LookupFirstDrafter(inner, block_size=16, corpus=table, costs=costs)
+    res = generate(verifier, prompt, drafter=engine, cfg=replace(cfg, block_size=16))
+    assert res.output_tokens == base
+    r = replay([trace], min_confidence=0.0, cut_by=costs, block_size=16, max_new_tokens=40)
+    steps = res.decode_steps
+    assert (r.steps, r.tau, r.by_cost) == (
+        len(steps),
+        pytest.approx(statistics.mean(s.acceptance_length for s in steps)),
+        True,
+    )
+
+
+def test_cost_cut_picks_the_better_of_lookup_and_corpus():
+    from specdec.costs import VerifyCosts
+
+    costs = VerifyCosts((1.0, 1.0, 1.0, 1.0, 2.0), "t")  # up to 3 drafts free, a fourth costs a step
+    out = [5, 1, 2, 3, 4, 6, 8, 9, 7]
+    pos = [
+        # a 2-gram lookup (first token 0.53) against a corpus token of share 0.9 (0.85 accepted): corpus
+        Position((9,), (0.9,), (7, 7), (1, 2, 3, 9), (0.9, 0.9, 0.9, 0.9), lookup_ngram=2),
+        *[Position((0,), (0.1,), ())] * 3,
+        # a 3-gram lookup beats a weak corpus chain; cut at 3 drafts where the fourth doubles the verify
+        Position((9,), (0.9,), (6, 8, 9, 7), (6,), (0.3,), lookup_ngram=3),
+        *[Position((0,), (0.1,), ())] * 3,
+    ]
+    r = replay([Trace("x", out, pos)], min_confidence=0.0, cut_by=costs, block_size=8)
+    assert (r.steps, r.tau) == (2, 4.0)  # 5 -> [1 2 3] + 4 -> [6 8 9] + 7
 
 
 def test_corpus_policy_order_lookup_then_corpus_then_dflash():

@@ -1,0 +1,140 @@
+"""Verify costs and draft lengths: how many drafted tokens a step should send to the verifier.
+
+A verify of b tokens costs c(b) one-token verifies. On a GPU c stays near 1 for small b; on a small CPU it
+climbs in steps that the matmul kernels decide. Measured on the 2-core AMD EPYC CI machine (SmolLM2-135M
+fp32, context 550, `measure_costs`): 2 tokens 0.94, 3 1.16, 4 1.05, 6 1.53, 8 1.81, 16 2.21.
+A draft whose j-th token is accepted with probability p_j, given that the ones before it were, commits
+1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens in expectation when cut after k tokens. `VerifyCosts.best_length`
+keeps the k with the most expected tokens per unit of verify cost, so the cut follows the machine's
+cost curve: a fourth token that costs nothing is drafted, a fifth that doubles the verify is not.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specdec.protocols import Drafter, Verifier
+
+__all__ = ["VerifyCosts", "measure_costs"]
+
+
+@dataclass(frozen=True)
+class VerifyCosts:
+    """`relative[b - 1]`: a verify of b tokens over a verify of one, for b = 1..len(relative); beyond it the
+    last step's slope goes on. `source`: where the figures came from (a file, or "measured")."""
+
+    relative: tuple[float, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        if len(self.relative) < 2 or not all(c > 0 for c in self.relative):
+            raise ValueError(
+                f"a verify cost table needs positive costs of 1 and 2 tokens, got {self.relative}"
+            )
+
+    @classmethod
+    def from_seconds(cls, seconds: Mapping[int, float], *, source: str) -> VerifyCosts:
+        """From measured seconds by verify size (sizes 1 and 2 at least; others interpolated)."""
+        sizes = sorted(seconds)
+        if sizes[:2] != [1, 2]:
+            raise ValueError(f"the cost table must measure verifies of 1 and 2 tokens; it has sizes {sizes}")
+        one = seconds[1]
+        rel = [_interp(b, sizes, [seconds[s] / one for s in sizes]) for b in range(1, sizes[-1] + 1)]
+        return cls(tuple(rel), source)
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], *, source: str) -> VerifyCosts:
+        """From a `specdec bench-verify --out` table: its relative costs, averaged over its contexts."""
+        rel = table.get("relative") if isinstance(table, Mapping) else None
+        if not rel or not isinstance(rel, Mapping):
+            raise ValueError(
+                "the cost table has no 'relative' costs; write it with `specdec bench-verify --out`"
+            )
+        try:
+            sizes = sorted({int(b) for row in rel.values() for b in row})
+            mean = {b: statistics.mean(float(r[str(b)]) for r in rel.values() if str(b) in r) for b in sizes}
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ValueError(f"malformed cost table ({type(e).__name__}: {e})") from None
+        return cls.from_seconds(mean, source=source)
+
+    @classmethod
+    def measure(cls, verifier: Verifier, *, context: int = 400, reps: int = 5) -> VerifyCosts:
+        """Time this verifier's verifies of 1..16 tokens here and now (a few seconds on a small CPU)."""
+        sizes = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+        context = max(1, min(context, verifier.max_context - max(sizes) - 1))
+        return cls.from_seconds(
+            measure_costs(verifier, context=context, sizes=sizes, reps=reps)[0], source="measured"
+        )
+
+    def cost(self, b: int) -> float:
+        """A verify of `b` >= 1 tokens, in one-token verifies."""
+        r = self.relative
+        if b <= len(r):
+            return r[b - 1]
+        return r[-1] + (b - len(r)) * max(0.0, r[-1] - r[-2])
+
+    def rate(self, probs: Sequence[float]) -> tuple[int, float]:
+        """(k, expected committed tokens per cost) for the best cut k of a draft whose token j is accepted
+        with probability `probs[j]` given the ones before it (k = 0: verify the last token alone)."""
+        best_k, best, run, expected = 0, 1.0 / self.cost(1), 1.0, 1.0
+        for k, p in enumerate(probs, 1):
+            run *= p
+            expected += run
+            if expected / self.cost(k + 1) > best:
+                best_k, best = k, expected / self.cost(k + 1)
+        return best_k, best
+
+    def best_length(self, probs: Sequence[float]) -> int:
+        return self.rate(probs)[0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "relative": [round(c, 4) for c in self.relative]}
+
+
+def _interp(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def measure_costs(
+    verifier: Verifier,
+    drafter: Drafter | None = None,
+    *,
+    context: int = 400,
+    sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16),
+    reps: int = 10,
+) -> tuple[dict[int, float], float | None]:
+    """Median seconds of a verify of each size at `context` cached positions (sizes interleaved within each
+    repetition, so drift hits all alike), and of one proposal of `drafter` (None without one). The
+    verifier's cache (and the drafter's context) are reset."""
+    ids = [int(t) for t in torch.randint(10, verifier.vocab_size - 10, (context + max(sizes),)).tolist()]
+    verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
+    verifier.reset()
+    verifier.prefill(ids[:context])
+    if drafter:
+        drafter.reset()
+        drafter.extend(verifier.features(context, device=drafter.device, dtype=drafter.dtype), ids[:context])
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    draft: list[float] = []
+    for _ in range(reps):
+        for b in sizes:  # each verify ends in a host list: timed end to end
+            t = time.perf_counter()
+            verifier.verify(ids[context : context + b])
+            times[b].append(time.perf_counter() - t)
+            verifier.rollback(b)
+        if drafter:
+            t = time.perf_counter()
+            drafter.propose(ids[context], drafter.block_size - 1)
+            draft.append(time.perf_counter() - t)
+    verifier.reset()
+    if drafter:
+        drafter.reset()
+    return {b: statistics.median(x) for b, x in times.items()}, statistics.median(draft) if draft else None
