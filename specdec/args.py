@@ -206,8 +206,7 @@ def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int
     args.verify_costs = costs if auto_p else None
     drafter = load_drafter_arg(args, verifier, runtime=args.drafter_runtime)
     if costs is not None and drafter is not None:
-        relative = ", ".join(f"{b} tokens {costs.cost(b):.2f}x" for b in (2, 4, 8, 16))
-        print(f"verify costs ({costs.source}): {relative}", file=sys.stderr)
+        print(costs.summary(), file=sys.stderr)
         if auto_block:
             from specdec.evals.replay import choose_block
 

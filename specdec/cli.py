@@ -128,6 +128,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     spec = f"bundled:{args.model}" + ("+lookup" if lookup else "")
     corpus = bundled_corpus(args.model) if lookup and not args.no_corpus else None
     costs = VerifyCosts.measure(verifier) if cpu and args.min_confidence is None else None
+    if costs is not None:
+        print(costs.summary(), file=sys.stderr)
     drafter = load_drafter(
         spec, verifier=verifier, device=device, dtype=dtype, min_confidence=args.min_confidence or 0.0,
         runtime=args.drafter_runtime, corpus=corpus, costs=costs,

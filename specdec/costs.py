@@ -93,6 +93,11 @@ class VerifyCosts:
     def best_length(self, probs: Sequence[float]) -> int:
         return self.rate(probs)[0]
 
+    def summary(self) -> str:
+        """One line for logs: "verify costs (measured): 2 tokens 0.94x, 4 tokens 1.05x, ..."."""
+        sizes = [b for b in (2, 4, 8, 16) if b <= max(2, len(self.relative))]
+        return f"verify costs ({self.source}): " + ", ".join(f"{b} tokens {self.cost(b):.2f}x" for b in sizes)
+
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "relative": [round(c, 4) for c in self.relative]}
 

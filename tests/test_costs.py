@@ -44,4 +44,4 @@ def test_measure_times_the_verifier_and_leaves_it_reset():
     c = VerifyCosts.measure(v, reps=2)
     assert c.source == "measured" and len(c.relative) == 16 and c.relative[0] == 1.0
     assert all(x > 0 for x in c.relative) and v.position == 0
-    assert c.to_json()["relative"][0] == 1.0
+    assert c.to_json()["relative"][0] == 1.0 and c.summary().startswith("verify costs (measured): 2 tokens")
