@@ -35,21 +35,13 @@ from specdec.args import Parser, add_verifier_args, at_least, finite, resolve_dt
 from specdec.costs import VerifyCosts, measure_costs
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, common_prefix_len
-from specdec.ngram import (
-    CORPUS_ACCEPT_POWER,
-    CorpusNgrams,
-    LookupFirstDrafter,
-    check_corpus,
-    load_corpus_ngrams,
-    lookup_accept,
-)
+from specdec.ngram import CorpusNgrams, LookupFirstDrafter, check_corpus, cut_by_cost, load_corpus_ngrams
 from specdec.protocols import Verifier
 
 __all__ = [
     "Position",
     "ReplayResult",
     "Trace",
-    "choose_block",
     "first_draft_agreement",
     "measure_costs",
     "record",
@@ -140,25 +132,6 @@ def bench_verify(
     }
 
 
-#: a row costing more than this fraction of a one-token step is not drafted by `--block-size auto`: it
-#: would need a draft accepted more than half the time, which late DFlash positions rarely are
-MAX_ROW_COST = 0.5
-
-
-def choose_block(costs: VerifyCosts, *, max_block: int) -> tuple[int, str]:
-    """(block size, why) for `--block-size auto` from verify costs (e.g. a `bench_verify` table:
-    `VerifyCosts.from_table`). Row k of a verify costs r(k) - r(k-1) one-token steps, and a draft pays
-    only when its chance of acceptance exceeds the cost of its row; so the block grows while rows cost at
-    most MAX_ROW_COST (at least 2). Which drafts of a block are verified is `--min-confidence`'s choice."""
-    r = costs.relative
-    row = {k: max(0.0, r[k - 1] - r[k - 2]) for k in range(2, len(r) + 1)}
-    block = 2
-    while block < max_block and row.get(block + 1, float("inf")) <= MAX_ROW_COST:
-        block += 1
-    why = f"rows 2..{block} cost at most {MAX_ROW_COST} of a one-token step"
-    return block, why
-
-
 @dataclass(frozen=True)
 class ReplayResult:
     min_confidence: float
@@ -180,13 +153,10 @@ def _cut(draft: tuple[int, ...], confidence: tuple[float, ...], p: float) -> tup
 
 
 def _by_cost(pos: Position, k: int, costs: VerifyCosts) -> tuple[tuple[int, ...], bool]:
-    """(draft, DFlash ran) of `LookupFirstDrafter` with `costs`, allowed k drafts: its reference."""
-    looked = costs.rate(lookup_accept(pos.lookup_ngram, len(pos.lookup[:k])))
-    mined = costs.rate([s**CORPUS_ACCEPT_POWER for s in pos.corpus_share[:k]])
-    draft = pos.lookup[: looked[0]] if looked[1] >= mined[1] else ()
-    chain = pos.corpus[: mined[0]] if not draft else ()
+    """(draft, DFlash ran) of `LookupFirstDrafter` with `costs`, allowed k drafts."""
+    draft, chain = cut_by_cost(costs, pos.lookup[:k], pos.lookup_ngram, pos.corpus[:k], pos.corpus_share[:k])
     if draft or chain:
-        return draft or chain, False
+        return tuple(draft or chain), False
     return pos.dflash[: costs.best_length(pos.confidence[:k])], True
 
 

@@ -208,7 +208,7 @@ def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int
     if costs is not None and drafter is not None:
         print(costs.summary(), file=sys.stderr)
         if auto_block:
-            from specdec.evals.replay import choose_block
+            from specdec.costs import choose_block
 
             args.block_size, why = choose_block(costs, max_block=drafter.block_size)
             print(f"block size {args.block_size}: {why}", file=sys.stderr)

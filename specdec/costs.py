@@ -17,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from specdec.protocols import Drafter, Verifier
 
-__all__ = ["VerifyCosts", "measure_costs"]
+__all__ = ["MAX_ROW_COST", "VerifyCosts", "choose_block", "measure_costs"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,8 @@ class VerifyCosts:
         if sizes[:2] != [1, 2]:
             raise ValueError(f"the cost table must measure verifies of 1 and 2 tokens; it has sizes {sizes}")
         one = seconds[1]
-        rel = [_interp(b, sizes, [seconds[s] / one for s in sizes]) for b in range(1, sizes[-1] + 1)]
-        return cls(tuple(rel), source)
+        rel = np.interp(np.arange(1, sizes[-1] + 1), sizes, [seconds[s] / one for s in sizes])
+        return cls(tuple(float(c) for c in rel), source)
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], *, source: str) -> VerifyCosts:
@@ -102,11 +103,23 @@ class VerifyCosts:
         return {"source": self.source, "relative": [round(c, 4) for c in self.relative]}
 
 
-def _interp(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
-    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-        if x0 <= x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ys[-1]
+#: a row costing more than this fraction of a one-token step is not drafted by `--block-size auto`: it
+#: would need a draft accepted more than half the time, which late DFlash positions rarely are
+MAX_ROW_COST = 0.5
+
+
+def choose_block(costs: VerifyCosts, *, max_block: int) -> tuple[int, str]:
+    """(block size, why) for `--block-size auto` from verify costs (e.g. a `bench_verify` table:
+    `VerifyCosts.from_table`). Row k of a verify costs r(k) - r(k-1) one-token steps, and a draft pays
+    only when its chance of acceptance exceeds the cost of its row; so the block grows while rows cost at
+    most MAX_ROW_COST (at least 2). Which drafts of a block are verified is `--min-confidence`'s choice."""
+    r = costs.relative
+    row = {k: max(0.0, r[k - 1] - r[k - 2]) for k in range(2, len(r) + 1)}
+    block = 2
+    while block < max_block and row.get(block + 1, float("inf")) <= MAX_ROW_COST:
+        block += 1
+    why = f"rows 2..{block} cost at most {MAX_ROW_COST} of a one-token step"
+    return block, why
 
 
 def measure_costs(

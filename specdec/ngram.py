@@ -94,6 +94,18 @@ def lookup_accept(g: int, n: int) -> list[float]:
     return [curve[min(j, len(curve) - 1)] for j in range(n)]
 
 
+def cut_by_cost(
+    costs: VerifyCosts, lookup: Sequence[int], ngram: int, chain: Sequence[int], shares: Sequence[float]
+) -> tuple[list[int], list[int]]:
+    """(lookup draft, corpus draft): lookup's proposal (matched on an `ngram`-token n-gram) and the corpus
+    chain with its shares, each cut where it commits the most tokens per verify cost; only the better of
+    the two is kept (the other comes back empty), and neither where no cut beats a one-token step."""
+    looked = costs.rate(lookup_accept(ngram, len(lookup)))
+    mined = costs.rate([s**CORPUS_ACCEPT_POWER for s in shares])
+    draft = list(lookup[: looked[0]]) if looked[1] >= mined[1] else []
+    return draft, [] if draft else list(chain[: mined[0]])
+
+
 class LookupFirstDrafter:
     """Prompt lookup where the context repeats itself, the wrapped drafter everywhere else.
 
@@ -151,22 +163,20 @@ class LookupFirstDrafter:
 
     def propose(self, last_token: int, n: int) -> list[int]:
         draft, g = self.lookup.match(last_token, n)
-        chain: list[tuple[int, float]] = []
+        chain, shares = [], []  # the corpus's greedy chain and the share of each of its tokens
         if self.corpus is not None and (self.costs is not None or not draft):
             seq = self.lookup._tokens  # the committed tokens; the chain reads the last max_order
             context = [*seq[max(0, len(seq) - self.corpus.max_order + 1) :], last_token]
-            chain = self.corpus.chain(context, n, cut=0.0 if self.costs is not None else self.corpus_cut)
-        if self.costs is not None:  # each draft cut where it commits most per verify cost; the better one
-            looked = self.costs.rate(lookup_accept(g, len(draft)))
-            mined = self.costs.rate([s**CORPUS_ACCEPT_POWER for _, s in chain])
-            draft = draft[: looked[0]] if looked[1] >= mined[1] else []
-            chain = chain[: mined[0]] if not draft else []
+            mined = self.corpus.chain(context, n, cut=0.0 if self.costs is not None else self.corpus_cut)
+            chain, shares = [t for t, _ in mined], [s for _, s in mined]
+        if self.costs is not None:
+            draft, chain = cut_by_cost(self.costs, draft, g, chain, shares)
         if draft:
             self.counts["lookup"] += 1
             return draft
         if chain:
             self.counts["corpus"] += 1
-            return [t for t, _ in chain]
+            return chain
         self.counts["drafter"] += 1
         return self.drafter.propose(last_token, min(n, self.drafter.block_size - 1))
 

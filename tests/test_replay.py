@@ -161,8 +161,7 @@ def _table(**rel):
     ],
 )
 def test_auto_block_from_a_cost_table(rel, block):
-    from specdec.costs import VerifyCosts
-    from specdec.evals.replay import choose_block
+    from specdec.costs import VerifyCosts, choose_block
 
     costs = VerifyCosts.from_table(_table(**rel), source="t")
     got, why = choose_block(costs, max_block=16)
