@@ -9,11 +9,13 @@ attention against the model as loaded, interleaved in one process: one verify of
 of 8 tokens 110 -> 85 ms; the drafter's [7, 8192] read-out alone 3.5 -> 1.7 ms. Results agree with
 `F.linear` to float rounding.
 
-For 2-8 rows (`FEW_ROWS`) a plain `torch.mm(weight, x.T)` is faster still: MKL then treats the weight
+For 1-8 rows (`FEW_ROWS`) a plain `torch.mm(weight, x.T)` is faster still: MKL then treats the weight
 as the streamed left operand and the few rows as narrow columns. Measured on the 2-core AMD EPYC CI
 machine (AVX2), same verifier and context, interleaved: a verify of 2 tokens 75 -> 55 ms, 4 tokens
-83 -> 56 ms, 8 tokens 92 -> 78 ms, one bundled-drafter proposal 8.3 -> 6.7 ms; 1 row and 12-16 rows
-were no faster that way, so they stay on oneDNN.
+83 -> 56 ms, 8 tokens 92 -> 78 ms, one bundled-drafter proposal 8.3 -> 6.7 ms; 12-16 rows were no
+faster that way, so they stay on oneDNN. One row as one column takes MKL's gemv, slower than oneDNN's
+one-row product, which is itself slower than a two-column product: so the row is doubled into two
+columns and one is kept. Same machine, interleaved: a one-token verify 51 -> 43 ms (a two-token one: 39).
 
 Used for inference only (`torch.no_grad` / `inference_mode`, float32 on an x86-64 CPU: the only place
 it was measured); anything else, or a build without the op, takes `F.linear`.
@@ -57,8 +59,8 @@ def onednn_usable(device: torch.device | str, dtype: torch.dtype) -> bool:
     return torch.device(device).type == "cpu" and dtype == torch.float32 and _op_works()
 
 
-#: products with this many rows run as `torch.mm(weight, x.T)` (see the module docstring)
-FEW_ROWS = range(2, 9)
+#: products with this many rows run as `torch.mm(weight, x.T)`, one row as two (see the module docstring)
+FEW_ROWS = range(1, 9)
 
 
 def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -66,7 +68,10 @@ def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = No
         return F.linear(x, w, b)  # the op has no backward: training keeps the default kernel
     rows = math.prod(x.shape[:-1])
     if rows in FEW_ROWS:
-        y = torch.mm(w, x.reshape(rows, -1).t()).t().contiguous()  # [N, K] @ [K, rows] -> [rows, N]
+        cols = x.reshape(rows, -1)  # [rows, K]
+        if rows == 1:
+            cols = cols.repeat(2, 1)  # [2, K]: two columns run faster than one (module docstring)
+        y = torch.mm(w, cols.t())[:, :rows].t().contiguous()  # [N, K] @ [K, rows] -> [rows, N]
         if b is not None:
             y += b
         return y.view(*x.shape[:-1], w.shape[0])
