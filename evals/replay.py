@@ -35,7 +35,14 @@ from specdec.args import Parser, add_verifier_args, at_least, finite, resolve_dt
 from specdec.costs import VerifyCosts, measure_costs
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, common_prefix_len
-from specdec.ngram import CorpusNgrams, LookupFirstDrafter, check_corpus, cut_by_cost, load_corpus_ngrams
+from specdec.ngram import (
+    Calibration,
+    CorpusNgrams,
+    LookupFirstDrafter,
+    check_corpus,
+    cut_by_cost,
+    load_corpus_ngrams,
+)
 from specdec.protocols import Verifier
 
 __all__ = [
@@ -152,11 +159,17 @@ def _cut(draft: tuple[int, ...], confidence: tuple[float, ...], p: float) -> tup
     return draft[: int(below[0])] if len(below) else draft
 
 
-def _by_cost(pos: Position, k: int, costs: VerifyCosts) -> tuple[tuple[int, ...], bool]:
-    """(draft, DFlash ran) of `LookupFirstDrafter` with `costs`, allowed k drafts."""
-    draft, chain = cut_by_cost(costs, pos.lookup[:k], pos.lookup_ngram, pos.corpus[:k], pos.corpus_share[:k])
-    if draft or chain:
-        return tuple(draft or chain), False
+def _by_cost(
+    pos: Position, k: int, costs: VerifyCosts, calibration: Calibration, future: Sequence[int]
+) -> tuple[tuple[int, ...], bool]:
+    """(draft, DFlash ran) of `LookupFirstDrafter` with `costs`, allowed k drafts; `calibration` learns
+    how the draft fares against the verifier's tokens that follow (`future`), as the drafter's does."""
+    cut, source, prior = cut_by_cost(
+        costs, pos.lookup[:k], pos.lookup_ngram, pos.corpus[:k], pos.corpus_share[:k], calibration
+    )
+    if source is not None:
+        calibration.learn(source, prior, common_prefix_len(cut, future))
+        return tuple(cut), False
     return pos.dflash[: costs.best_length(pos.confidence[:k])], True
 
 
@@ -192,13 +205,14 @@ def replay(
     spent = ar = 0.0
     for tr in traces:
         out, i = tr.output, 0
+        calibration = Calibration()  # per request, as the engine's drafter resets it
         limit = max_new_tokens or len(out)
         while i < len(out) - 1:
             pos = tr.positions[i]
             k = min(block_size - 1, limit - (i + 1) - 1)  # what the engine lets a step draft
             mined = _cut(pos.corpus, pos.corpus_share, corpus) if corpus is not None else ()
             if cut_by is not None:
-                draft, ran = _by_cost(pos, k, cut_by)
+                draft, ran = _by_cost(pos, k, cut_by, calibration, out[i + 1 :])
             elif lookup and pos.lookup:
                 draft, ran = pos.lookup[:k], False
             elif mined or not dflash:

@@ -94,16 +94,65 @@ def lookup_accept(g: int, n: int) -> list[float]:
     return [curve[min(j, len(curve) - 1)] for j in range(n)]
 
 
+#: weight, in verified draft tokens, of the figures above against what a request's own drafts show
+#: (`Calibration`); chosen by replaying 300 held-out answers of the bundled SmolLM2 corpus, the n-gram
+#: table built from the rest (weights 10-50 were within 0.3% of each other there)
+CALIBRATION_PRIOR = 20.0
+
+
+class Calibration:
+    """Per request, each draft source's chances of acceptance scaled by how its drafts have fared so far.
+
+    A source's factor is (w + sum of accepted / predicted) / (w + n) over the n draft tokens of it the
+    verifier has checked (each token up to and including the first rejected one), w =
+    `CALIBRATION_PRIOR`: 1 before any evidence, above 1 where the request repeats itself more than the
+    corpus figures expect, below where it does less. Replayed on those held-out answers with a verify
+    cost table of this CPU, cutting by the calibrated chances gained 4.7% estimated speed over the fixed
+    figures (HumanEval 20 and MT-Bench 10 x 2 traces: 5.3%, 5.4%)."""
+
+    def __init__(self, prior: float = CALIBRATION_PRIOR) -> None:
+        self.prior = prior
+        self.reset()
+
+    def reset(self) -> None:
+        self._seen: dict[str, tuple[int, float]] = {}  # source -> (tokens checked, sum accepted / predicted)
+
+    def factor(self, source: str) -> float:
+        n, ratio = self._seen.get(source, (0, 0.0))
+        return (self.prior + ratio) / (self.prior + n)
+
+    def scale(self, source: str, probs: Sequence[float]) -> list[float]:
+        f = self.factor(source)
+        return [min(1.0, p * f) for p in probs]
+
+    def learn(self, source: str, probs: Sequence[float], accepted: int) -> None:
+        """A draft of `source` whose tokens had (uncalibrated) chances `probs`: `accepted` were accepted."""
+        n, ratio = self._seen.get(source, (0, 0.0))
+        checked = min(len(probs), accepted + 1)
+        self._seen[source] = (n + checked, ratio + sum(1.0 / max(p, 1e-6) for p in probs[:accepted]))
+
+
 def cut_by_cost(
-    costs: VerifyCosts, lookup: Sequence[int], ngram: int, chain: Sequence[int], shares: Sequence[float]
-) -> tuple[list[int], list[int]]:
-    """(lookup draft, corpus draft): lookup's proposal (matched on an `ngram`-token n-gram) and the corpus
-    chain with its shares, each cut where it commits the most tokens per verify cost; only the better of
-    the two is kept (the other comes back empty), and neither where no cut beats a one-token step."""
-    looked = costs.rate(lookup_accept(ngram, len(lookup)))
-    mined = costs.rate([s**CORPUS_ACCEPT_POWER for s in shares])
-    draft = list(lookup[: looked[0]]) if looked[1] >= mined[1] else []
-    return draft, [] if draft else list(chain[: mined[0]])
+    costs: VerifyCosts,
+    lookup: Sequence[int],
+    ngram: int,
+    chain: Sequence[int],
+    shares: Sequence[float],
+    calibration: Calibration | None = None,
+) -> tuple[list[int], str | None, list[float]]:
+    """(draft, its source "lookup" / "corpus", its tokens' predicted chances before calibration): lookup's
+    proposal (matched on an `ngram`-token n-gram) and the corpus chain with its shares, each cut where it
+    commits the most tokens per verify cost by its chances (scaled by `calibration`), the better of the
+    two kept; ([], None, []) where no cut beats a one-token step."""
+    cal = calibration or Calibration()
+    prior = {"lookup": lookup_accept(ngram, len(lookup)), "corpus": [s**CORPUS_ACCEPT_POWER for s in shares]}
+    looked = costs.rate(cal.scale("lookup", prior["lookup"]))
+    mined = costs.rate(cal.scale("corpus", prior["corpus"]))
+    if looked[0] and looked[1] >= mined[1]:
+        return list(lookup[: looked[0]]), "lookup", prior["lookup"][: looked[0]]
+    if mined[0]:
+        return list(chain[: mined[0]]), "corpus", prior["corpus"][: mined[0]]
+    return [], None, []
 
 
 class LookupFirstDrafter:
@@ -115,11 +164,11 @@ class LookupFirstDrafter:
     the running share falls below `corpus_cut`); otherwise the wrapped drafter (DFlash) proposes its
     block. With `costs` (`specdec.costs.VerifyCosts`), lookup's and the corpus's drafts are each cut where
     they commit the most tokens per verify cost (their chances of acceptance from `LOOKUP_ACCEPT` and the
-    corpus shares; `corpus_cut` is unused) and the better of the two is proposed; the wrapped drafter runs
-    where neither has a draft worth verifying. The wrapped drafter sees every commit either way, so its
-    context stays exact. Proposals are
-    deterministic (no `propose_logits`): at T > 0 they are verified as point-mass drafts, which keeps
-    the output distribution exact.
+    corpus shares, calibrated per request by `Calibration`, which learns from the commits `extend` gets;
+    `corpus_cut` is unused) and the better of the two is proposed; the wrapped drafter runs where neither
+    has a draft worth verifying. The wrapped drafter sees every commit either way, so its context stays
+    exact. Proposals are deterministic (no `propose_logits`): at T > 0 they are verified as point-mass
+    drafts, which keeps the output distribution exact.
     """
 
     def __init__(
@@ -145,6 +194,8 @@ class LookupFirstDrafter:
         self.device, self.dtype = drafter.device, drafter.dtype
         self.runtime = getattr(drafter, "runtime", "torch")  # features come in the wrapped drafter's runtime
         self.counts = {"lookup": 0, "corpus": 0, "drafter": 0}  # proposals by source since construction
+        self.calibration = Calibration()
+        self._pending: tuple[str, list[float]] | None = None  # the last cost-cut draft's source and chances
 
     @property
     def context_len(self) -> int:
@@ -156,8 +207,13 @@ class LookupFirstDrafter:
     def reset(self) -> None:
         self.drafter.reset()
         self.lookup.reset()
+        self.calibration.reset()
+        self._pending = None
 
     def extend(self, features: torch.Tensor, tokens: Sequence[int]) -> None:
+        if self._pending is not None:  # tokens: the last token and the drafts the verifier accepted
+            self.calibration.learn(*self._pending, accepted=len(tokens) - 1)
+            self._pending = None
         self.drafter.extend(features, tokens)
         self.lookup.extend(features, tokens)  # lookup ignores the features
 
@@ -170,7 +226,9 @@ class LookupFirstDrafter:
             mined = self.corpus.chain(context, n, cut=0.0 if self.costs is not None else self.corpus_cut)
             chain, shares = [t for t, _ in mined], [s for _, s in mined]
         if self.costs is not None:
-            draft, chain = cut_by_cost(self.costs, draft, g, chain, shares)
+            cut, source, prior = cut_by_cost(self.costs, draft, g, chain, shares, self.calibration)
+            draft, chain = (cut, []) if source == "lookup" else ([], cut)
+            self._pending = (source, prior) if source else None
         if draft:
             self.counts["lookup"] += 1
             return draft
@@ -181,6 +239,7 @@ class LookupFirstDrafter:
         return self.drafter.propose(last_token, min(n, self.drafter.block_size - 1))
 
     def rollback(self, n: int) -> None:
+        self._pending = None
         self.drafter.rollback(n)
         self.lookup.rollback(n)
 

@@ -88,3 +88,39 @@ def test_chain_stops_below_its_cut():
     assert [t for t, _ in table.chain([0, 1], 5, cut=0.5)] == [2, 3, 4]
     assert [t for t, _ in table.chain([0, 1], 5, cut=0.6)] == [2]
     assert table.chain([0, 1], 5, cut=1.0) == [(2, 1.0)]
+
+
+def test_calibration_scales_by_what_a_request_showed():
+    from specdec.ngram import Calibration
+
+    cal = Calibration(prior=4.0)
+    assert cal.factor("lookup") == 1.0 and cal.scale("lookup", [0.5, 0.9]) == [0.5, 0.9]
+    cal.learn("lookup", [0.5, 0.5], accepted=2)  # both accepted: 2 tokens checked, 1/0.5 + 1/0.5 seen
+    assert cal.factor("lookup") == pytest.approx((4 + 4) / (4 + 2))
+    assert cal.scale("lookup", [0.5, 0.9]) == pytest.approx([0.5 * 8 / 6, 1.0])  # capped at 1
+    cal.learn("corpus", [0.8, 0.8, 0.8], accepted=0)  # first rejected: 1 token checked, nothing accepted
+    assert cal.factor("corpus") == pytest.approx(4 / 5)
+    cal.learn("corpus", [0.8, 0.8, 0.8], accepted=1)  # second rejected: 2 checked
+    assert cal.factor("corpus") == pytest.approx((4 + 1 / 0.8) / (4 + 1 + 2))
+    assert cal.factor("lookup") == pytest.approx(8 / 6)  # sources are kept apart
+    cal.reset()
+    assert cal.factor("lookup") == cal.factor("corpus") == 1.0
+
+
+def test_calibration_lengthens_a_cut_where_drafts_keep_being_accepted():
+    from specdec.costs import VerifyCosts
+    from specdec.ngram import Calibration, cut_by_cost, lookup_accept
+
+    costs = VerifyCosts((1.0, 1.2, 1.5, 1.8, 2.1), "t")
+    cal = Calibration()
+    lookup = [1, 2, 3, 4]
+    before = cut_by_cost(costs, lookup, 2, [], [], cal)
+    assert before[1] == "lookup" and len(before[0]) < 4  # 2-gram chances 0.53, 0.64, ...: cut short
+    for _ in range(20):
+        cal.learn("lookup", before[2], accepted=len(before[2]))
+    after = cut_by_cost(costs, lookup, 2, [], [], cal)
+    assert after == (lookup, "lookup", lookup_accept(2, 4))  # the chances come back uncalibrated
+    cal.reset()
+    for _ in range(40):  # every draft rejected at once: lookup stops being worth verifying
+        cal.learn("lookup", before[2], accepted=0)
+    assert cut_by_cost(costs, lookup, 2, [], [], cal) == ([], None, [])

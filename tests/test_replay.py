@@ -7,6 +7,7 @@ import statistics
 from dataclasses import replace
 
 import pytest
+import torch
 from test_dflash import make_model, stub_cfg
 
 from specdec.dflash import DFlashDrafter
@@ -280,6 +281,29 @@ def test_cost_cut_policy_equals_the_engine_on_the_stub(relative):
         pytest.approx(statistics.mean(s.acceptance_length for s in steps)),
         True,
     )
+
+
+def test_lookup_first_drafter_calibrates_per_request_from_its_commits():
+    from specdec.costs import VerifyCosts
+    from specdec.ngram import PromptLookupDrafter
+
+    verifier = StubVerifier()
+    cfg = DecodeConfig(max_new_tokens=40, block_size=16)
+    prompt = verifier.tokenizer.encode("speculative decoding, speculative decoding")
+    base = generate(verifier, prompt, cfg=replace(cfg, block_size=1)).output_tokens
+    engine = LookupFirstDrafter(PromptLookupDrafter(), costs=VerifyCosts((1.0, 1.2, 1.5, 1.8), "t"))
+    first = generate(verifier, prompt, drafter=engine, cfg=cfg)
+    learnt = engine.calibration.factor("lookup")
+    assert first.output_tokens == base and engine.counts["lookup"] > 0 and learnt != 1.0
+    again = generate(verifier, prompt, drafter=engine, cfg=cfg)  # a new request starts from the prior
+    assert [s.drafted for s in again.steps] == [s.drafted for s in first.steps]
+    assert engine.calibration.factor("lookup") == learnt
+    engine.reset()
+    engine.extend(torch.empty(len(prompt), 0), prompt)
+    assert engine.propose(prompt[-1], 8)  # a lookup draft, pending its verdict
+    engine.rollback(0)  # a rollback drops it: the next commit is not that draft's verdict
+    engine.extend(torch.empty(1, 0), [prompt[-1]])
+    assert engine.calibration.factor("lookup") == 1.0
 
 
 def test_cost_cut_picks_the_better_of_lookup_and_corpus():
