@@ -423,7 +423,9 @@ class BlockProposal:
 class DFlashProposer:
     """Proposes blocks from a `DFlashDraftModel` and the verifier's embedding / LM head callbacks.
 
-    Owns the context cache: `extend(features)` after each commit, `rollback(n)`, `reset()`.
+    Owns the context cache: `extend(features)` after each commit, `rollback(n)`, `reset()`. Committed
+    features are projected into the cache when a proposal needs them, all at once: behind `+lookup` most
+    steps draft without DFlash, and projecting every commit cost ~1.7 ms of a ~50 ms step on a 2-core CPU.
     With `measure_memory` every proposal resets and reads the device's memory probe (costs a little).
     """
 
@@ -450,33 +452,45 @@ class DFlashProposer:
             (cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=model.device
         )
         self._probe: MemoryProbe | None = None
+        self._pending: list[torch.Tensor] = []  # features [n_i, K*H] committed since the last projection
 
     @property
     def context_len(self) -> int:
-        return self.cache.length
+        return self.cache.length + sum(f.shape[0] for f in self._pending)
 
     def reset(self) -> None:
         self.cache.crop(0)
+        self._pending = []
 
     def rollback(self, n: int) -> None:
-        if not 0 <= n <= self.cache.length:
-            raise ValueError(f"cannot roll back {n} positions: the drafter holds {self.cache.length}")
+        if not 0 <= n <= self.context_len:
+            raise ValueError(f"cannot roll back {n} positions: the drafter holds {self.context_len}")
+        self._project()
         self.cache.crop(self.cache.length - n)
 
     @torch.inference_mode()
+    def _project(self) -> None:
+        if self._pending:
+            feats = self._pending[0] if len(self._pending) == 1 else torch.cat(self._pending)  # [n, K*H]
+            self._pending = []
+            self.model.extend_cache(self.cache, feats.to(device=self.model.device))
+
+    @torch.inference_mode()
     def extend(self, features: torch.Tensor) -> None:
-        """Append committed positions: features [n, K*H]."""
+        """Append committed positions: features [n, K*H] (projected by the next proposal)."""
         if features.dim() != 2 or features.shape[1] != self.cfg.feature_dim:
             raise ValueError(
                 f"features must be [n, {self.cfg.feature_dim}] (K={self.cfg.num_target_features} x "
                 f"H={self.cfg.hidden_size}), got {list(features.shape)}"
             )
-        self.model.extend_cache(self.cache, features.to(device=self.model.device))
+        if features.shape[0]:
+            self._pending.append(features)
 
     @torch.inference_mode()
     def block_logits(self, last_token: int, n: int) -> torch.Tensor:
         """Logits [n, K] over the draft vocabulary (K = V without one) of block positions 1..n, the mask
         token at -inf, with `last_token` at context_len."""
+        self._project()
         self._block_ids[0] = last_token  # a device-side fill: no host sync
         emb = self.embed_fn(self._block_ids)[None]  # [1, bs, H]
         hidden = self.model.forward_cached(self.cache, emb)  # [1, bs, H]

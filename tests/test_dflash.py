@@ -100,15 +100,16 @@ def slow_block_logits(model: DFlashDraftModel, features, last_token, embed_fn, l
 # ---- cached inference ------------------------------------------------------------------------------------
 
 
-def run_steps(cfg: DFlashConfig, plan, *, capacity=8, total=40):
-    """Drive the proposer through `plan` (("extend", n) / ("rollback", n)) and compare every proposal with
-    the slow reference on the committed context."""
+def run_steps(cfg: DFlashConfig, plan, *, capacity=8, total=40, propose_after=None):
+    """Drive the proposer through `plan` (("extend", n) / ("rollback", n)) and compare a proposal after
+    every step (or after the steps of index in `propose_after`) with the slow reference on the committed
+    context."""
     model = make_model(cfg)
     embed_fn, head_fn, _, _ = make_fns()
     feats = torch.randn(total, cfg.feature_dim)
     prop = DFlashProposer(model, embed_fn, head_fn, capacity=capacity)
     n_ctx, checked = 0, 0
-    for op, n in plan:
+    for i, (op, n) in enumerate(plan):
         if op == "extend":
             prop.extend(feats[n_ctx : n_ctx + n])
             n_ctx += n
@@ -116,6 +117,8 @@ def run_steps(cfg: DFlashConfig, plan, *, capacity=8, total=40):
             prop.rollback(n)
             n_ctx -= n
         assert prop.context_len == n_ctx
+        if propose_after is not None and i not in propose_after:
+            continue  # commits pile up unprojected until the next proposal
         last = (7 * n_ctx) % (V - 1)
         with torch.no_grad():
             want = slow_block_logits(model, feats[:n_ctx], last, embed_fn, head_fn)[1:]
@@ -133,6 +136,11 @@ PLAN = [("extend", 5), ("extend", 1), ("extend", 4), ("rollback", 3), ("extend",
 def test_cached_matches_full_recompute_with_rollbacks():
     # capacity 8 forces the buffers to double several times along the way
     assert run_steps(make_cfg(), PLAN) == len(PLAN)
+
+
+def test_commits_are_projected_by_the_next_proposal():
+    # several extends, and a rollback into them, between proposals (as behind `+lookup`)
+    assert run_steps(make_cfg(), PLAN, propose_after={2, 5, 8}) == 3
 
 
 def test_empty_context_block():
