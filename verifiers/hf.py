@@ -17,7 +17,7 @@ hooks that exist only while target layers are set, for exactly the positions of 
 `prefill` computes the LM head on the last position only (`logits_to_keep=1`). On models with KV-shared
 layers `logits_to_keep` is passed as position indices instead of an int: with an int, transformers'
 Gemma 4 runs the KV-shared layers on the kept positions only (their features would be cut to the last
-position) and fails outright when the model has no per-layer inputs.
+position) and, up to transformers 5.24, fails outright when the model has no per-layer inputs.
 """
 
 from __future__ import annotations
