@@ -138,16 +138,15 @@ def cut_by_cost(
     ngram: int,
     chain: Sequence[int],
     shares: Sequence[float],
-    calibration: Calibration | None = None,
+    calibration: Calibration,
 ) -> tuple[list[int], str | None, list[float]]:
     """(draft, its source "lookup" / "corpus", its tokens' predicted chances before calibration): lookup's
     proposal (matched on an `ngram`-token n-gram) and the corpus chain with its shares, each cut where it
     commits the most tokens per verify cost by its chances (scaled by `calibration`), the better of the
     two kept; ([], None, []) where no cut beats a one-token step."""
-    cal = calibration or Calibration()
     prior = {"lookup": lookup_accept(ngram, len(lookup)), "corpus": [s**CORPUS_ACCEPT_POWER for s in shares]}
-    looked = costs.rate(cal.scale("lookup", prior["lookup"]))
-    mined = costs.rate(cal.scale("corpus", prior["corpus"]))
+    looked = costs.rate(calibration.scale("lookup", prior["lookup"]))
+    mined = costs.rate(calibration.scale("corpus", prior["corpus"]))
     if looked[0] and looked[1] >= mined[1]:
         return list(lookup[: looked[0]]), "lookup", prior["lookup"][: looked[0]]
     if mined[0]:

@@ -110,7 +110,9 @@ class Verifier(Protocol):
         ...
 
     def features(self, n: int, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """[n, K*H] captured target features of the first n positions of the last call."""
+        """[n, K*H] captured target features of the first n positions of the last call. A drafter may keep
+        it past later calls (DFlash projects commits when it next proposes): never a view of a buffer the
+        verifier writes again."""
         ...
 
     def embed_fn(self, *, device: torch.device, dtype: torch.dtype) -> EmbedFn: ...
