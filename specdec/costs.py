@@ -2,7 +2,8 @@
 
 A verify of b tokens costs c(b) one-token verifies. On a GPU c stays near 1 for small b; on a small CPU it
 climbs in steps that the matmul kernels decide. Measured on the 2-core AMD EPYC CI machine (SmolLM2-135M
-fp32, context 550, `measure_costs`): 2 tokens 0.94, 3 1.16, 4 1.05, 6 1.53, 8 1.81, 16 2.21.
+fp32, context 400, `VerifyCosts.measure`, packed oneDNN linears): 2 tokens 1.03, 3 1.03, 4 1.13, 6 1.20,
+8 1.28, 12 1.37, 16 1.70 (four loads in one process spread by up to ±0.1 at 4-12 tokens).
 A draft whose j-th token is accepted with probability p_j, given that the ones before it were, commits
 1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens in expectation when cut after k tokens. `VerifyCosts.best_length`
 keeps the k with the most expected tokens per unit of verify cost, so the cut follows the machine's

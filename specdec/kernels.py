@@ -9,13 +9,16 @@ attention against the model as loaded, interleaved in one process: one verify of
 of 8 tokens 110 -> 85 ms; the drafter's [7, 8192] read-out alone 3.5 -> 1.7 ms. Results agree with
 `F.linear` to float rounding.
 
-For 1-8 rows (`FEW_ROWS`) a plain `torch.mm(weight, x.T)` is faster still: MKL then treats the weight
-as the streamed left operand and the few rows as narrow columns. Measured on the 2-core AMD EPYC CI
-machine (AVX2), same verifier and context, interleaved: a verify of 2 tokens 75 -> 55 ms, 4 tokens
-83 -> 56 ms, 8 tokens 92 -> 78 ms, one bundled-drafter proposal 8.3 -> 6.7 ms; 12-16 rows were no
-faster that way, so they stay on oneDNN. One row as one column takes MKL's gemv, slower than oneDNN's
-one-row product, which is itself slower than a two-column product: so the row is doubled into two
-columns and one is kept. Same machine, interleaved: a one-token verify 51 -> 43 ms (a two-token one: 39).
+Faster still, and flat up to 16 rows: the weight reordered once into oneDNN's blocked layout
+(`packed_weight`, the layout Inductor's weight prepacking uses), so no call reorders it again. A pack
+is made the first time a weight meets a product of at most `PACKED_ROWS` rows and then kept beside the
+plain weight (memory: one more copy of the linears that decoding reads; a training forward of many
+rows never makes one). Measured on the 2-core AMD EPYC CI machine (AVX2), SmolLM2-135M fp32 at a
+400-token context, against the linears of before (`torch.mm(weight, x.T)` for 1-8 rows, unpacked
+oneDNN above), 15 verifies in a row per kernel, alternated: 1 token 70 -> 64 ms, 3 tokens 88 -> 68,
+6 tokens 111 -> 89; in decoding (4 MT-Bench prompts x 256 tokens) autoregressive steps 65 -> 60 ms.
+Measured here too: the rows of a packed product come out bit for bit the same whatever the number of
+rows in the call; fp32 attention still does not, so fp32 decoding stays exact by test.
 
 Used for inference only (`torch.no_grad` / `inference_mode`, float32 on an x86-64 CPU: the only place
 it was measured); anything else, or a build without the op, takes `F.linear`.
@@ -30,10 +33,11 @@ from functools import cache
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakTensorKeyDictionary
 
 __all__ = [
-    "FEW_ROWS", "KEY_ALIGN", "OneDNNLinear", "batch_invariant", "invariant_attention", "linear_fn",
-    "onednn_usable", "use_onednn",
+    "KEY_ALIGN", "PACKED_ROWS", "OneDNNLinear", "batch_invariant", "invariant_attention", "linear_fn",
+    "onednn_usable", "packed_weight", "use_onednn",
 ]  # fmt: skip
 
 LinearFn = Callable[..., torch.Tensor]
@@ -59,28 +63,39 @@ def onednn_usable(device: torch.device | str, dtype: torch.dtype) -> bool:
     return torch.device(device).type == "cpu" and dtype == torch.float32 and _op_works()
 
 
-#: products with this many rows run as `torch.mm(weight, x.T)`, one row as two (see the module docstring)
-FEW_ROWS = range(1, 9)
+#: products of at most this many rows take the prepacked weight (larger ones, prefills, the plain one)
+PACKED_ROWS = 64
+#: the batch size oneDNN packs a weight for: 4, 8 and 16 measured alike for products of 1-16 rows
+PACK_HINT = 16
+_packs: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # weight -> (its state, packed copy)
+
+
+def _state(w: torch.Tensor) -> tuple[int, int]:
+    # an in-place update bumps the version; `.data = ...` (Module.to) swaps the storage under the object
+    return (-1 if w.is_inference() else w._version), w.data_ptr()
+
+
+def packed_weight(w: torch.Tensor) -> torch.Tensor:
+    """`w` [N, K] reordered once into oneDNN's blocked layout, kept while `w` lives and made again if `w`
+    is changed in place or given new data: every later product reads it as it lies."""
+    state, packed = _packs.get(w, (None, None))
+    if state != _state(w):
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT)
+        _packs[w] = (_state(w), packed)
+    return packed
 
 
 def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
         return F.linear(x, w, b)  # the op has no backward: training keeps the default kernel
     rows = math.prod(x.shape[:-1])
-    if rows in FEW_ROWS:
-        cols = x.reshape(rows, -1)  # [rows, K]
-        if rows == 1:
-            cols = cols.repeat(2, 1)  # [2, K]: two columns run faster than one (module docstring)
-        y = torch.mm(w, cols.t())[:, :rows].t().contiguous()  # [N, K] @ [K, rows] -> [rows, N]
-        if b is not None:
-            y += b
-        return y.view(*x.shape[:-1], w.shape[0])
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    weight = packed_weight(w) if rows <= PACKED_ROWS else w
+    return torch.ops.mkldnn._linear_pointwise(x, weight, b, "none", [], "")
 
 
 def linear_fn(device: torch.device | str, dtype: torch.dtype) -> LinearFn:
-    """`F.linear` or its faster twin for small batches (oneDNN; `torch.mm` for `FEW_ROWS` rows), by
-    `device` / `dtype`."""
+    """`F.linear` or its faster twin for small batches (oneDNN, packed weights for up to `PACKED_ROWS`
+    rows), by `device` / `dtype`."""
     return _onednn_linear if onednn_usable(device, dtype) else F.linear
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import OneDNNLinear, linear_fn, onednn_usable, use_onednn
+from specdec.kernels import PACKED_ROWS, OneDNNLinear, linear_fn, onednn_usable, packed_weight, use_onednn
 
 needs_onednn = pytest.mark.skipif(not onednn_usable("cpu", torch.float32), reason="no oneDNN linear")
 
@@ -18,7 +18,9 @@ def test_usable_only_for_float32_on_cpu():
 
 
 @needs_onednn
-@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (7, 64), (1, 5, 64), (2, 3, 64), (9, 64), (3, 4, 64)])
+@pytest.mark.parametrize(
+    "shape", [(1, 64), (2, 64), (7, 64), (1, 5, 64), (2, 3, 64), (9, 64), (3, 4, 64), (PACKED_ROWS + 6, 64)]
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_fn_matches_f_linear(shape, bias):
     g = torch.Generator().manual_seed(0)
@@ -33,6 +35,26 @@ def test_linear_fn_matches_f_linear(shape, bias):
     assert got.shape == (*shape[:-1], 96)
     torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(strided, F.linear(part, w, b), atol=1e-4, rtol=1e-5)
+
+
+@needs_onednn
+def test_packed_weight_follows_changes_to_the_weight():
+    g = torch.Generator().manual_seed(0)
+    lin = OneDNNLinear(64, 32)
+    x = torch.randn(3, 64, generator=g)
+    assert PACKED_ROWS >= 3  # the packed path
+    with torch.inference_mode():
+        first = packed_weight(lin.weight)
+        assert packed_weight(lin.weight) is first  # packed once, then reused
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        lin.weight.mul_(2)  # in place: the version moves
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+    lin.weight.data = torch.randn(32, 64, generator=g)  # new data under the same Parameter (Module.to)
+    with torch.inference_mode():
+        assert packed_weight(lin.weight) is not first
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
 
 
 @needs_onednn
