@@ -10,15 +10,16 @@ of 8 tokens 110 -> 85 ms; the drafter's [7, 8192] read-out alone 3.5 -> 1.7 ms. 
 `F.linear` to float rounding.
 
 Faster still, and flat up to 16 rows: the weight reordered once into oneDNN's blocked layout
-(`packed_weight`, the layout Inductor's weight prepacking uses), so no call reorders it again. A pack
-is made the first time a weight meets a product of at most `PACKED_ROWS` rows and then kept beside the
+(`packed_weight`, the layout Inductor's weight prepacking uses), so no call reorders it again. A pack is
+made the first time a weight meets a product of at most `PACKED_ROWS` rows and then kept beside the
 plain weight (memory: one more copy of the linears that decoding reads, +0.4 GB resident for
-SmolLM2-135M; a training forward of many rows never makes one). Measured on the 2-core AMD EPYC CI machine (AVX2), SmolLM2-135M fp32 at a
-400-token context, against the linears of before (`torch.mm(weight, x.T)` for 1-8 rows, unpacked
-oneDNN above), 15 verifies in a row per kernel, alternated: 1 token 70 -> 64 ms, 3 tokens 88 -> 68,
-6 tokens 111 -> 89; in decoding (4 MT-Bench prompts x 256 tokens) autoregressive steps 65 -> 60 ms.
-Measured here too: the rows of a packed product come out bit for bit the same whatever the number of
-rows in the call; fp32 attention still does not, so fp32 decoding stays exact by test.
+SmolLM2-135M; a training forward of many rows never makes one). Measured on the 2-core AMD EPYC CI
+machine (AVX2), SmolLM2-135M fp32 at a 400-token context, against the linears of before
+(`torch.mm(weight, x.T)` for 1-8 rows, unpacked oneDNN above), 15 verifies in a row per kernel,
+alternated: 1 token 70 -> 64 ms, 3 tokens 88 -> 68, 6 tokens 111 -> 89; in decoding (4 MT-Bench prompts
+x 256 tokens) autoregressive steps 65 -> 60 ms. Measured here too: the rows of a packed product come out
+bit for bit the same whatever the number of rows in the call; fp32 attention still does not, so fp32
+decoding stays exact by test.
 
 Used for inference only (`torch.no_grad` / `inference_mode`, float32 on an x86-64 CPU: the only place
 it was measured); anything else, or a build without the op, takes `F.linear`.
