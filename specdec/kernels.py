@@ -71,18 +71,16 @@ PACK_HINT = 16
 _packs: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # weight -> (its state, packed copy)
 
 
-def _state(w: torch.Tensor) -> tuple[int, int]:
-    # an in-place update bumps the version; `.data = ...` (Module.to) swaps the storage under the object
-    return (-1 if w.is_inference() else w._version), w.data_ptr()
-
-
 def packed_weight(w: torch.Tensor) -> torch.Tensor:
     """`w` [N, K] reordered once into oneDNN's blocked layout, kept while `w` lives and made again if `w`
-    is changed in place or given new data: every later product reads it as it lies."""
-    state, packed = _packs.get(w, (None, None))
-    if state != _state(w):
+    is changed in place or given new data: every later product reads it as it lies. An inference tensor
+    has no version counter, so one changed in place keeps its old pack (weights are not)."""
+    # an in-place update bumps the version; `.data = ...` (Module.to) swaps the storage under the object
+    state = (-1 if w.is_inference() else w._version), w.data_ptr()
+    seen, packed = _packs.get(w, (None, None))
+    if seen != state:
         packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT)
-        _packs[w] = (_state(w), packed)
+        _packs[w] = (state, packed)
     return packed
 
 
