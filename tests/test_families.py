@@ -87,7 +87,7 @@ def refs(verifiers) -> dict[tuple[str, str], list[int]]:
 def test_family_caches(verifiers):
     # HF: KV-shared Gemma 4 layers get a DummyLayer; sliding layers a sliding-window layer
     names = [type(la).__name__ for la in verifiers["hf", "gemma4"]._cache.layers]
-    s, f = "DynamicSlidingWindowLayer", "DynamicLayer"
+    s, f = "DynamicSlidingWindowLayer", "GrowingLayer"
     assert names == [s, s, f, s, "DummyLayer", "DummyLayer"]
     # MLX: one cache per non-shared layer, all plain KVCache (window applied by the mask)
     mv = verifiers["mlx", "gemma4"]

@@ -192,6 +192,34 @@ def test_rollback_then_repeat_exact(verifiers, name):
     assert got.argmax(-1).tolist() == full.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma"])
+def test_growing_cache_equals_transformers_own(verifiers, name):
+    """Our full-attention cache layer (a buffer grown by doubling, written in place) against transformers'
+    `DynamicLayer` (a concatenation per append): the same logits bit for bit, over verifies and partial
+    rollbacks that cross two regrowths of the buffer (at 256 and 512 positions)."""
+    from transformers.cache_utils import DynamicLayer
+
+    v = verifiers[name]
+    v.set_target_layers(())
+
+    def run(plain: bool) -> list[torch.Tensor]:
+        v.reset()
+        grown = [type(la).__name__ == "GrowingLayer" for la in v._cache.layers]
+        assert any(grown)
+        if plain:
+            v._cache.layers = [DynamicLayer() if g else la for g, la in zip(grown, v._cache.layers)]
+        out, rng = [v.forward(prompt_of(250)).clone()], torch.Generator().manual_seed(0)
+        while v.position < 600:
+            out.append(v.forward(prompt_of(8, seed=v.position)).clone())
+            v.rollback(int(torch.randint(0, 8, (), generator=rng)))
+        return out
+
+    ours, theirs = run(plain=False), run(plain=True)
+    assert len(ours) == len(theirs) > 60
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    v.reset()
+
+
 def _committed(v: HFVerifier, n: int) -> list[int]:
     """The token sequence test_rollback_then_repeat_exact leaves in the cache."""
     seq = prompt_of(40)
