@@ -220,6 +220,20 @@ def test_growing_cache_equals_transformers_own(verifiers, name):
     v.reset()
 
 
+def test_growing_cache_refuses_a_positive_crop(verifiers):
+    """transformers' legacy `crop(max_length)` (a positive size) is refused, as its own layer refuses it."""
+    v = verifiers["llama"]
+    v.set_target_layers(())
+    v.reset()
+    v.prefill(prompt_of(10))
+    layer = v._cache.layers[0]
+    assert type(layer).__name__ == "GrowingLayer"
+    with pytest.raises(ValueError, match="crop takes minus the positions to remove, got 3"):
+        layer.crop(3)
+    assert layer.get_seq_length() == v.position == 10  # nothing was cut
+    v.reset()
+
+
 def _committed(v: HFVerifier, n: int) -> list[int]:
     """The token sequence test_rollback_then_repeat_exact leaves in the cache."""
     seq = prompt_of(40)
