@@ -115,7 +115,7 @@ def test_calibration_lengthens_a_cut_where_drafts_keep_being_accepted():
     cal = Calibration()
     lookup = [1, 2, 3, 4]
     before = cut_by_cost(costs, lookup, 2, [], [], cal)
-    assert before[1] == "lookup" and len(before[0]) < 4  # 2-gram chances 0.53, 0.64, ...: cut short
+    assert before[1] == "lookup" and len(before[0]) < 4  # 2-gram chances 0.56, 0.63, ...: cut short
     for _ in range(20):
         cal.learn("lookup", before[2], accepted=len(before[2]))
     after = cut_by_cost(costs, lookup, 2, [], [], cal)
@@ -124,3 +124,34 @@ def test_calibration_lengthens_a_cut_where_drafts_keep_being_accepted():
     for _ in range(40):  # every draft rejected at once: lookup stops being worth verifying
         cal.learn("lookup", before[2], accepted=0)
     assert cut_by_cost(costs, lookup, 2, [], [], cal) == ([], None, [])
+
+
+def test_lookup_follows_the_longest_match():
+    """`LookupFirstDrafter` proposes what followed the longest earlier match, not the latest short one, and
+    prices it by that length (a match longer than the table's last row takes that row)."""
+    from specdec.ngram import LOOKUP_ACCEPT, LOOKUP_NGRAMS, LookupFirstDrafter, PromptLookupDrafter
+    from specdec.ngram import lookup_accept as chances
+
+    lookup = LookupFirstDrafter(PromptLookupDrafter(block_size=4), block_size=4).lookup
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 6, 7, 8, 30, 31]  # 6 7 8 recurs, but only 1..8 matches below
+    lookup.extend(None, [*ctx, 1, 2, 3, 4, 5, 6, 7])
+    assert lookup.match(8, 3) == ([9, 10, 20], 8)  # the 3-gram 6 7 8 alone would give 30 31
+    assert chances(12, 2) == list(LOOKUP_ACCEPT[LOOKUP_NGRAMS[1]][:2])
+    assert chances(3, 9)[6:] == [LOOKUP_ACCEPT[3][-1]] * 3  # a row's last chance repeats
+
+
+def test_lookup_chances_are_what_the_bundled_corpus_shows():
+    """`LOOKUP_ACCEPT` is reproducible: `python -m specdec.evals.chances` on the bundled corpus gives it."""
+    from evals.chances import lookup_chances, sample_answers
+    from specdec.ngram import LOOKUP_ACCEPT
+
+    assert lookup_chances(sample_answers("evals/traindata/smollm2-135m", n=400, seed=1)) == LOOKUP_ACCEPT
+
+
+def test_lookup_chances_of_a_text_that_repeats_itself():
+    from evals.chances import lookup_chances
+
+    prompt = list(range(100, 140))
+    got = lookup_chances([(prompt, prompt * 2)], min_tries=1)
+    assert got[8] == (1.0,) * 6  # six chances per row at most
+    assert all(c == 1.0 for row in got.values() for c in row)  # every draft of a repeat is accepted
