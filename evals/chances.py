@@ -58,9 +58,11 @@ def sample_answers(corpus: str, *, n: int, seed: int) -> list[tuple[list[int], l
     from specdec.train.data import TrainData
 
     seqs = TrainData(corpus).sequences
-    pick = np.random.default_rng(seed).permutation(len(seqs))[:n]
-    return [([int(t) for t in s.ids[: s.prompt_len]], [int(t) for t in s.ids[s.prompt_len :]]) for s in
-            (seqs[i] for i in pick)]  # fmt: skip
+    out = []
+    for i in np.random.default_rng(seed).permutation(len(seqs))[:n]:
+        ids, p = [int(t) for t in seqs[i].ids], seqs[i].prompt_len
+        out.append((ids[:p], ids[p:]))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,8 +81,8 @@ class PromptLookupDrafter:
 
 
 #: the n-gram lengths `LookupFirstDrafter` matches, longest first: a longer match picks the occurrence whose
-#: continuation is likelier to recur (on held-out answers its first token is right 0.95 of the time after a
-#: match of 8 or more against 0.63 after one of exactly 3; up to 3 only, 0.86 for all matches of 3 or more)
+#: continuation is likelier to recur (on the answers below, the first drafted token is right 0.95 of the time
+#: after a match of 8 or more and 0.63 after one of exactly 3; matching at most 3, 0.86 after any 3 or more)
 LOOKUP_NGRAMS = (2, 8)
 #: the chance that prompt lookup's j-th drafted token is accepted, given the ones before it, by the length of
 #: the n-gram it matched (the last row: that length or more); measured on 400 answers of the bundled SmolLM2
@@ -172,16 +172,15 @@ class LookupFirstDrafter:
 
     When the last 2-8 tokens (`LOOKUP_NGRAMS`) occurred before, what followed the latest occurrence of the
     longest of them is proposed (up to `block_size` - 1 tokens, free to draft, and in code or a looping
-    answer often long runs); otherwise,
-    with `corpus`, what the verifier's own answers in a corpus put after the last few tokens (cut where
-    the running share falls below `corpus_cut`); otherwise the wrapped drafter (DFlash) proposes its
-    block. With `costs` (`specdec.costs.VerifyCosts`), lookup's and the corpus's drafts are each cut where
-    they commit the most tokens per verify cost (their chances of acceptance from `LOOKUP_ACCEPT` and the
-    corpus shares, calibrated per request by `Calibration`, which learns from the commits `extend` gets;
-    `corpus_cut` is unused) and the better of the two is proposed; the wrapped drafter runs where neither
-    has a draft worth verifying. The wrapped drafter sees every commit either way, so its context stays
-    exact. Proposals are deterministic (no `propose_logits`): at T > 0 they are verified as point-mass
-    drafts, which keeps the output distribution exact.
+    answer often long runs); otherwise, with `corpus`, what the verifier's own answers in a corpus put
+    after the last few tokens (cut where the running share falls below `corpus_cut`); otherwise the
+    wrapped drafter (DFlash) proposes its block. With `costs` (`specdec.costs.VerifyCosts`), lookup's and
+    the corpus's drafts are each cut where they commit the most tokens per verify cost (their chances of
+    acceptance from `LOOKUP_ACCEPT` and the corpus shares, calibrated per request by `Calibration`, which
+    learns from the commits `extend` gets; `corpus_cut` is unused) and the better of the two is proposed;
+    the wrapped drafter runs where neither has a draft worth verifying. The wrapped drafter sees every
+    commit either way, so its context stays exact. Proposals are deterministic (no `propose_logits`): at
+    T > 0 they are verified as point-mass drafts, which keeps the output distribution exact.
     """
 
     def __init__(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -142,14 +143,15 @@ def test_lookup_follows_the_longest_match():
 
 def test_lookup_chances_are_what_the_bundled_corpus_shows():
     """`LOOKUP_ACCEPT` is reproducible: `python -m specdec.evals.chances` on the bundled corpus gives it."""
-    from evals.chances import lookup_chances, sample_answers
+    from specdec.evals.chances import lookup_chances, sample_answers
     from specdec.ngram import LOOKUP_ACCEPT
 
-    assert lookup_chances(sample_answers("evals/traindata/smollm2-135m", n=400, seed=1)) == LOOKUP_ACCEPT
+    corpus = Path(__file__).resolve().parents[1] / "evals" / "traindata" / "smollm2-135m"
+    assert lookup_chances(sample_answers(str(corpus), n=400, seed=1)) == LOOKUP_ACCEPT
 
 
 def test_lookup_chances_of_a_text_that_repeats_itself():
-    from evals.chances import lookup_chances
+    from specdec.evals.chances import lookup_chances
 
     prompt = list(range(100, 140))
     got = lookup_chances([(prompt, prompt * 2)], min_tries=1)
