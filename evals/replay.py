@@ -36,7 +36,9 @@ from specdec.costs import VerifyCosts, measure_costs
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, common_prefix_len
 from specdec.ngram import (
+    LOOKUP_ACCEPT,
     Calibration,
+    Chances,
     CorpusNgrams,
     LookupFirstDrafter,
     check_corpus,
@@ -160,13 +162,20 @@ def _cut(draft: tuple[int, ...], confidence: tuple[float, ...], p: float) -> tup
 
 
 def _by_cost(
-    pos: Position, k: int, costs: VerifyCosts, calibration: Calibration, future: Sequence[int]
+    pos: Position,
+    k: int,
+    costs: VerifyCosts,
+    calibration: Calibration,
+    future: Sequence[int],
+    chances: Chances,
 ) -> tuple[tuple[int, ...], bool]:
-    """(draft, DFlash ran) of `LookupFirstDrafter` with `costs`, allowed k drafts; `calibration` learns
-    how the draft fares against the verifier's tokens that follow (`future`), as the drafter's does."""
+    """(draft, DFlash ran) of `LookupFirstDrafter` with `costs` and lookup's `chances`, allowed k drafts;
+    `calibration` learns how the draft fares against the verifier's tokens that follow (`future`), as the
+    drafter's does."""
     cut, source, prior = cut_by_cost(
-        costs, pos.lookup[:k], pos.lookup_ngram, pos.corpus[:k], pos.corpus_share[:k], calibration
-    )
+        costs, pos.lookup[:k], pos.lookup_ngram, pos.corpus[:k], pos.corpus_share[:k], calibration,
+        chances=chances,
+    )  # fmt: skip
     if source is not None:
         calibration.learn(source, prior, common_prefix_len(cut, future))
         return tuple(cut), False
@@ -185,6 +194,7 @@ def replay(
     draft_s: float = 0.0,
     corpus: float | None = None,
     cut_by: VerifyCosts | None = None,
+    lookup_chances: Chances = LOOKUP_ACCEPT,
 ) -> ReplayResult:
     """Walk each trace as the engine would with this policy (see the module docstring). `dflash=False`
     replays prompt lookup alone: the engine with `PromptLookupDrafter(block_size, min_ngram=2)`, the
@@ -193,7 +203,8 @@ def replay(
     and the chain, cut at running share P, is not empty; then DFlash, if on (`LookupFirstDrafter` with a
     `corpus`). A corpus draft is charged no drafting time (a few binary searches). `cut_by` replays
     `--min-confidence auto` (`LookupFirstDrafter` and DFlash with these verify costs, corpus n-grams
-    where recorded; `min_confidence`, `lookup`, `dflash` and `corpus` unused)."""
+    where recorded, lookup's drafts priced by `lookup_chances` as the drafter's are by its corpus';
+    `min_confidence`, `lookup`, `dflash` and `corpus` unused)."""
     if not (lookup or dflash or corpus is not None):
         raise ValueError("a policy drafts with lookup, corpus n-grams, DFlash or a mix")
     sizes = sorted(costs) if costs else []
@@ -212,7 +223,7 @@ def replay(
             k = min(block_size - 1, limit - (i + 1) - 1)  # what the engine lets a step draft
             mined = _cut(pos.corpus, pos.corpus_share, corpus) if corpus is not None else ()
             if cut_by is not None:
-                draft, ran = _by_cost(pos, k, cut_by, calibration, out[i + 1 :])
+                draft, ran = _by_cost(pos, k, cut_by, calibration, out[i + 1 :], lookup_chances)
             elif lookup and pos.lookup:
                 draft, ran = pos.lookup[:k], False
             elif mined or not dflash:
@@ -338,7 +349,9 @@ def _run(args: argparse.Namespace) -> int:
             rows += [
                 run(min_confidence=p, dflash=df, corpus=cc) for cc in args.corpus_cut for df in (False, True)
             ]
-        rows.append(run(min_confidence=0.0, cut_by=VerifyCosts.from_seconds(costs, source="measured")))
+        auto = VerifyCosts.from_seconds(costs, source="measured")
+        own = corpus.lookup_chances if corpus else None  # as `LookupFirstDrafter` with this corpus prices
+        rows.append(run(min_confidence=0.0, cut_by=auto, lookup_chances=own or LOOKUP_ACCEPT))
         for r in rows:
             if r.by_cost:
                 policy = "+lookup" + (" +corpus" if corpus else "") + " cut by cost (auto)"

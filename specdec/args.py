@@ -129,7 +129,8 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
     p.add_argument(
         "--corpus", metavar="DIR",
         help="with a '+lookup' drafter, where lookup has nothing draft by n-grams of this corpus of the "
-        "verifier's own answers (a `specdec train` corpus folder, e.g. evals/traindata/smollm2-135m)",
+        "verifier's own answers (a `specdec train` corpus folder, e.g. evals/traindata/smollm2-135m), and "
+        "price lookup's drafts by how often they are accepted in it",
     )  # fmt: skip
     p.add_argument(
         "--corpus-cut", type=finite(0, 1), default=0.4,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -102,9 +102,61 @@ LOOKUP_ACCEPT = {
 CORPUS_ACCEPT_POWER = 1.5
 
 
-def lookup_accept(g: int, n: int) -> list[float]:
-    curve = LOOKUP_ACCEPT[min(max(g, LOOKUP_NGRAMS[0]), LOOKUP_NGRAMS[1])]
+Chances = Mapping[
+    int, Sequence[float]
+]  # matched n-gram length -> chance of drafted token j, as LOOKUP_ACCEPT
+
+
+def lookup_accept(g: int, n: int, chances: Chances = LOOKUP_ACCEPT) -> list[float]:
+    """The chances of a lookup draft of `n` tokens matched on `g` tokens, from `chances` (a row it lacks or
+    has empty: `LOOKUP_ACCEPT`'s); a row's last chance stands for the tokens past its end."""
+    g = min(max(g, LOOKUP_NGRAMS[0]), LOOKUP_NGRAMS[1])
+    curve = chances.get(g) or LOOKUP_ACCEPT[g]
     return [curve[min(j, len(curve) - 1)] for j in range(n)]
+
+
+def lookup_chances(
+    answers: Iterable[tuple[Sequence[int], Sequence[int]]],
+    *,
+    draft: int = 15,
+    positions: int = 6,
+    min_tries: int = 100,
+) -> dict[int, tuple[float, ...]]:
+    """Measure `LOOKUP_ACCEPT` on (prompt, answer) pairs of a verifier's own answers: {matched n-gram length:
+    the chance that drafted token j is accepted given the ones before it, for the first `positions` j
+    that at least `min_tries` checks reached}, rounded to 2 places. Lookup runs over prompt + answer as in
+    decoding, with `LOOKUP_NGRAMS` (the last row counts matches of that length or more), drafting up to
+    `draft` tokens as the engine's does with blocks of draft + 1."""
+    from specdec.engine import common_prefix_len
+
+    lo, hi = LOOKUP_NGRAMS
+    tried, right = np.zeros((hi + 1, draft)), np.zeros((hi + 1, draft))  # [g, j]
+    for prompt, answer in answers:
+        lookup = PromptLookupDrafter(block_size=draft + 1, min_ngram=lo, max_ngram=hi)
+        lookup.extend(torch.empty(0), list(prompt))  # lookup ignores the features
+        for i in range(len(answer) - 1):
+            proposal, g = lookup.match(answer[i], min(draft, len(answer) - 1 - i))
+            if proposal:
+                a = common_prefix_len(proposal, answer[i + 1 :])
+                tried[g, : min(len(proposal), a + 1)] += 1  # the accepted tokens and the first rejected
+                right[g, :a] += 1
+            lookup.extend(torch.empty(0), [answer[i]])
+    out = {}
+    for g in range(lo, hi + 1):
+        seen = tried[g] >= min_tries
+        n = min(positions, int(np.argmin(seen)) if not seen.all() else draft)  # leading, enough tries
+        out[g] = tuple(round(float(r / t), 2) for r, t in zip(right[g, :n], tried[g, :n]))
+    return out
+
+
+def sample_answers(sequences: Sequence, *, n: int = 400, seed: int = 1) -> list[tuple[list[int], list[int]]]:
+    """`n` (prompt, answer) pairs of a corpus' sequences (`specdec.train.data.TrainData.sequences`), drawn
+    without replacement (seeded): what `lookup_chances` measures on."""
+    out = []
+    for i in np.random.default_rng(seed).permutation(len(sequences))[:n]:
+        ids, p = [int(t) for t in sequences[i].ids], sequences[i].prompt_len
+        out.append((ids[:p], ids[p:]))
+    return out
 
 
 #: weight, in verified draft tokens, of the figures above against what a request's own drafts show
@@ -152,12 +204,17 @@ def cut_by_cost(
     chain: Sequence[int],
     shares: Sequence[float],
     calibration: Calibration,
+    *,
+    chances: Chances = LOOKUP_ACCEPT,
 ) -> tuple[list[int], str | None, list[float]]:
     """(draft, its source "lookup" / "corpus", its tokens' predicted chances before calibration): lookup's
     proposal (matched on an `ngram`-token n-gram) and the corpus chain with its shares, each cut where it
     commits the most tokens per verify cost by its chances (scaled by `calibration`), the better of the
-    two kept; ([], None, []) where no cut beats a one-token step."""
-    prior = {"lookup": lookup_accept(ngram, len(lookup)), "corpus": [s**CORPUS_ACCEPT_POWER for s in shares]}
+    two kept; ([], None, []) where no cut beats a one-token step. Lookup's chances come from `chances`."""
+    prior = {
+        "lookup": lookup_accept(ngram, len(lookup), chances),
+        "corpus": [s**CORPUS_ACCEPT_POWER for s in shares],
+    }
     looked = costs.rate(calibration.scale("lookup", prior["lookup"]))
     mined = costs.rate(calibration.scale("corpus", prior["corpus"]))
     if looked[0] and looked[1] >= mined[1]:
@@ -176,7 +233,8 @@ class LookupFirstDrafter:
     after the last few tokens (cut where the running share falls below `corpus_cut`); otherwise the
     wrapped drafter (DFlash) proposes its block. With `costs` (`specdec.costs.VerifyCosts`), lookup's and
     the corpus's drafts are each cut where they commit the most tokens per verify cost (their chances of
-    acceptance from `LOOKUP_ACCEPT` and the corpus shares, calibrated per request by `Calibration`, which
+    acceptance from `LOOKUP_ACCEPT`, or those measured on the `corpus` when it has them, and the corpus
+    shares, calibrated per request by `Calibration`, which
     learns from the commits `extend` gets; `corpus_cut` is unused) and the better of the two is proposed;
     the wrapped drafter runs where neither has a draft worth verifying. The wrapped drafter sees every
     commit either way, so its context stays exact. Proposals are deterministic (no `propose_logits`): at
@@ -197,6 +255,8 @@ class LookupFirstDrafter:
         lo, hi = LOOKUP_NGRAMS  # fixed: `LOOKUP_ACCEPT` was measured with them
         self.lookup = PromptLookupDrafter(block_size=block_size, min_ngram=lo, max_ngram=hi)
         self.corpus, self.corpus_cut = corpus, corpus_cut
+        own = corpus.lookup_chances if corpus is not None else None
+        self.lookup_chances: Chances = own or LOOKUP_ACCEPT  # the verifier's own where its corpus says
         self.name = f"{drafter.name}+lookup" + ("+corpus" if corpus is not None else "")
         self.block_size = max(block_size, drafter.block_size)
         self.target_layer_ids = drafter.target_layer_ids
@@ -237,7 +297,9 @@ class LookupFirstDrafter:
             mined = self.corpus.chain(context, n, cut=0.0 if self.costs is not None else self.corpus_cut)
             chain, shares = [t for t, _ in mined], [s for _, s in mined]
         if self.costs is not None:
-            cut, source, prior = cut_by_cost(self.costs, draft, g, chain, shares, self.calibration)
+            cut, source, prior = cut_by_cost(
+                self.costs, draft, g, chain, shares, self.calibration, chances=self.lookup_chances
+            )
             draft, chain = (cut, []) if source == "lookup" else ([], cut)
             self._pending = (source, prior) if source else None
         if draft:
@@ -283,6 +345,9 @@ class CorpusNgrams:
         seq = np.repeat(np.arange(len(seqs)), [len(s) for s in seqs])  # [N] which sequence
         self.max_order, self.min_count = max_order, min_count
         self.source: str | None = None  # where the sequences came from (a corpus folder), for records
+        #: prompt lookup's chances measured on these answers (`lookup_chances`, set by `load_corpus_ngrams`):
+        #: `LookupFirstDrafter` with this corpus prices lookup's drafts by them (None: by `LOOKUP_ACCEPT`)
+        self.lookup_chances: dict[int, tuple[float, ...]] | None = None
         # a (context, next) pair packs into one uint64, next in the low `_bits`: one plain sort groups both
         self._bits = max(1, int(toks.max()).bit_length() if len(toks) else 1)
         self._ctx_mask = (1 << (64 - self._bits)) - 1  # context keys keep the hash's low 64 - _bits bits
@@ -365,7 +430,8 @@ def check_corpus(
 def load_corpus_ngrams(path: str | os.PathLike[str], verifier: Verifier) -> CorpusNgrams:
     """`CorpusNgrams` of the answers in the corpus folder at `path` (written by `specdec train`, e.g. the
     bundled evals/traindata/smollm2-135m), which `verifier`'s model must have written: another
-    vocabulary is an error. About 2 s per million answer tokens on a small CPU."""
+    vocabulary is an error. Lookup's chances are measured on 400 of its answers (`lookup_chances`). About
+    2 s per million answer tokens plus ~3 s on a small CPU."""
     from specdec.train.data import TrainData
 
     meta = check_corpus(path)
@@ -378,6 +444,12 @@ def load_corpus_ngrams(path: str | os.PathLike[str], verifier: Verifier) -> Corp
     data = TrainData(path)
     table = CorpusNgrams(s.ids[s.prompt_len :] for s in data.sequences)
     table.source = str(path)
+    sample = sample_answers(data.sequences)
+    table.lookup_chances = lookup_chances(sample)  # this verifier's own habits (a base model repeats more)
     took = time.perf_counter() - t
-    print(f"corpus n-grams: {len(data)} answers of {str(path)!r} in {took:.1f} s", file=sys.stderr)
+    print(
+        f"corpus n-grams: {len(data)} answers of {str(path)!r}, lookup's chances from {len(sample)} of them, "
+        f"in {took:.1f} s",
+        file=sys.stderr,
+    )
     return table

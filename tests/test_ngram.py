@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -141,17 +142,41 @@ def test_lookup_follows_the_longest_match():
     assert chances(3, 9)[6:] == [LOOKUP_ACCEPT[3][-1]] * 3  # a row's last chance repeats
 
 
-def test_lookup_chances_are_what_the_bundled_corpus_shows():
-    """`LOOKUP_ACCEPT` is reproducible: `python -m specdec.evals.chances` on the bundled corpus gives it."""
-    from specdec.evals.chances import lookup_chances, sample_answers
-    from specdec.ngram import LOOKUP_ACCEPT
+def test_lookup_chances_are_what_the_bundled_corpus_shows(capsys):
+    """`LOOKUP_ACCEPT` is reproducible: `python -m specdec.evals.chances` on the bundled corpus prints it,
+    and loading that corpus for the engine measures the same."""
+    from specdec.evals.chances import main
+    from specdec.ngram import LOOKUP_ACCEPT, check_corpus, load_corpus_ngrams
 
-    corpus = Path(__file__).resolve().parents[1] / "evals" / "traindata" / "smollm2-135m"
-    assert lookup_chances(sample_answers(str(corpus), n=400, seed=1)) == LOOKUP_ACCEPT
+    corpus = str(Path(__file__).resolve().parents[1] / "evals" / "traindata" / "smollm2-135m")
+    assert main(["--corpus", corpus]) == 0
+    assert eval("{" + capsys.readouterr().out + "}") == LOOKUP_ACCEPT
+    verifier = SimpleNamespace(vocab_size=check_corpus(corpus)["vocab_size"])  # only its vocabulary is read
+    assert load_corpus_ngrams(corpus, verifier).lookup_chances == LOOKUP_ACCEPT
+
+
+def test_a_corpus_prices_lookup_by_its_own_chances():
+    """`LookupFirstDrafter` with a corpus that carries lookup chances cuts lookup's drafts by them (a row
+    it lacks falls back to `LOOKUP_ACCEPT`)."""
+    from specdec.costs import VerifyCosts
+    from specdec.ngram import LOOKUP_ACCEPT, LookupFirstDrafter, PromptLookupDrafter, lookup_accept
+
+    costs = VerifyCosts.from_seconds({1: 1.0, 2: 1.0, 4: 1.1, 8: 1.3, 16: 2.0}, source="test")
+    table = CorpusNgrams([[1, 2, 3]])
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6]  # "5 6" recurs: a 2-gram match proposes 7 8 9 ...
+    drafts = {}
+    for name, chances in (("sure", {2: (1.0,)}), ("never", {2: (0.0,)}), ("default", None)):
+        table.lookup_chances = chances
+        d = LookupFirstDrafter(PromptLookupDrafter(block_size=16), block_size=16, corpus=table, costs=costs)
+        d.extend(None, ids[:-1])
+        drafts[name] = d.propose(ids[-1], 15), max(d.counts, key=d.counts.get)  # (draft, its source)
+    assert drafts["sure"] == ([7, 8, 9, 10, 11, 12, 5, 6], "lookup")
+    assert drafts["never"][1] == "drafter"  # not worth verifying, the corpus has nothing: the wrapped one
+    assert lookup_accept(2, 3, {3: (0.5,)}) == list(LOOKUP_ACCEPT[2][:3])
 
 
 def test_lookup_chances_of_a_text_that_repeats_itself():
-    from specdec.evals.chances import lookup_chances
+    from specdec.ngram import lookup_chances
 
     prompt = list(range(100, 140))
     got = lookup_chances([(prompt, prompt * 2)], min_tries=1)
