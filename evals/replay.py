@@ -41,6 +41,7 @@ from specdec.ngram import (
     Chances,
     CorpusNgrams,
     LookupFirstDrafter,
+    chances_of,
     check_corpus,
     cut_by_cost,
     load_corpus_ngrams,
@@ -350,8 +351,7 @@ def _run(args: argparse.Namespace) -> int:
                 run(min_confidence=p, dflash=df, corpus=cc) for cc in args.corpus_cut for df in (False, True)
             ]
         auto = VerifyCosts.from_seconds(costs, source="measured")
-        own = corpus.lookup_chances if corpus else None  # as `LookupFirstDrafter` with this corpus prices
-        rows.append(run(min_confidence=0.0, cut_by=auto, lookup_chances=own or LOOKUP_ACCEPT))
+        rows.append(run(min_confidence=0.0, cut_by=auto, lookup_chances=chances_of(corpus)))
         for r in rows:
             if r.by_cost:
                 policy = "+lookup" + (" +corpus" if corpus else "") + " cut by cost (auto)"

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from specdec.costs import VerifyCosts
+from specdec.engine import common_prefix_len
 from specdec.memory import probe_for_device
 from specdec.protocols import Drafter, MemoryProbe, Verifier
 
@@ -102,9 +103,8 @@ LOOKUP_ACCEPT = {
 CORPUS_ACCEPT_POWER = 1.5
 
 
-Chances = Mapping[
-    int, Sequence[float]
-]  # matched n-gram length -> chance of drafted token j, as LOOKUP_ACCEPT
+#: matched n-gram length -> chances of the drafted tokens, as `LOOKUP_ACCEPT`
+Chances = Mapping[int, Sequence[float]]
 
 
 def lookup_accept(g: int, n: int, chances: Chances = LOOKUP_ACCEPT) -> list[float]:
@@ -127,8 +127,6 @@ def lookup_chances(
     that at least `min_tries` checks reached}, rounded to 2 places. Lookup runs over prompt + answer as in
     decoding, with `LOOKUP_NGRAMS` (the last row counts matches of that length or more), drafting up to
     `draft` tokens as the engine's does with blocks of draft + 1."""
-    from specdec.engine import common_prefix_len
-
     lo, hi = LOOKUP_NGRAMS
     tried, right = np.zeros((hi + 1, draft)), np.zeros((hi + 1, draft))  # [g, j]
     for prompt, answer in answers:
@@ -147,6 +145,12 @@ def lookup_chances(
         n = min(positions, int(np.argmin(seen)) if not seen.all() else draft)  # leading, enough tries
         out[g] = tuple(round(float(r / t), 2) for r, t in zip(right[g, :n], tried[g, :n]))
     return out
+
+
+def chances_of(corpus: CorpusNgrams | None) -> Chances:
+    """Lookup's chances with `corpus`: those measured on its answers where it has them (the verifier's own
+    habits), else `LOOKUP_ACCEPT`."""
+    return (corpus.lookup_chances if corpus is not None else None) or LOOKUP_ACCEPT
 
 
 def sample_answers(sequences: Sequence, *, n: int = 400, seed: int = 1) -> list[tuple[list[int], list[int]]]:
@@ -233,12 +237,12 @@ class LookupFirstDrafter:
     after the last few tokens (cut where the running share falls below `corpus_cut`); otherwise the
     wrapped drafter (DFlash) proposes its block. With `costs` (`specdec.costs.VerifyCosts`), lookup's and
     the corpus's drafts are each cut where they commit the most tokens per verify cost (their chances of
-    acceptance from `LOOKUP_ACCEPT`, or those measured on the `corpus` when it has them, and the corpus
-    shares, calibrated per request by `Calibration`, which
-    learns from the commits `extend` gets; `corpus_cut` is unused) and the better of the two is proposed;
-    the wrapped drafter runs where neither has a draft worth verifying. The wrapped drafter sees every
-    commit either way, so its context stays exact. Proposals are deterministic (no `propose_logits`): at
-    T > 0 they are verified as point-mass drafts, which keeps the output distribution exact.
+    acceptance from `chances_of(corpus)` and the corpus shares, calibrated per request by `Calibration`,
+    which learns from the commits `extend` gets; `corpus_cut` is unused) and the better of the two is
+    proposed; the wrapped drafter runs where neither has a draft worth verifying. The wrapped drafter
+    sees every commit either way, so its context stays exact. Proposals are deterministic (no
+    `propose_logits`): at T > 0 they are verified as point-mass drafts, which keeps the output
+    distribution exact.
     """
 
     def __init__(
@@ -255,8 +259,7 @@ class LookupFirstDrafter:
         lo, hi = LOOKUP_NGRAMS  # fixed: `LOOKUP_ACCEPT` was measured with them
         self.lookup = PromptLookupDrafter(block_size=block_size, min_ngram=lo, max_ngram=hi)
         self.corpus, self.corpus_cut = corpus, corpus_cut
-        own = corpus.lookup_chances if corpus is not None else None
-        self.lookup_chances: Chances = own or LOOKUP_ACCEPT  # the verifier's own where its corpus says
+        self.lookup_chances = chances_of(corpus)
         self.name = f"{drafter.name}+lookup" + ("+corpus" if corpus is not None else "")
         self.block_size = max(block_size, drafter.block_size)
         self.target_layer_ids = drafter.target_layer_ids

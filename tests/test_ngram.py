@@ -172,6 +172,7 @@ def test_a_corpus_prices_lookup_by_its_own_chances():
         drafts[name] = d.propose(ids[-1], 15), max(d.counts, key=d.counts.get)  # (draft, its source)
     assert drafts["sure"] == ([7, 8, 9, 10, 11, 12, 5, 6], "lookup")
     assert drafts["never"][1] == "drafter"  # not worth verifying, the corpus has nothing: the wrapped one
+    assert drafts["default"][1] == "lookup"  # no chances of its own: LOOKUP_ACCEPT's 2-gram row, worth it
     assert lookup_accept(2, 3, {3: (0.5,)}) == list(LOOKUP_ACCEPT[2][:3])
 
 
@@ -182,3 +183,13 @@ def test_lookup_chances_of_a_text_that_repeats_itself():
     got = lookup_chances([(prompt, prompt * 2)], min_tries=1)
     assert got[8] == (1.0,) * 6  # six chances per row at most
     assert all(c == 1.0 for row in got.values() for c in row)  # every draft of a repeat is accepted
+
+
+def test_chances_cli_errors_are_one_line(tmp_path, capsys):
+    from specdec.evals.chances import main
+
+    assert main(["--corpus", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert "is not a corpus (no corpus.json)" in err and len(err.strip().splitlines()) == 1
+    assert main(["--corpus", str(tmp_path), "--answers", "0"]) == 2
+    assert "argument --answers: must be >= 1, got 0" in capsys.readouterr().err
