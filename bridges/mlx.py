@@ -222,7 +222,7 @@ def make_lm_head_fn(
         rows = rows.to(device=weight.device)
         weight, b = weight[rows], None if b is None else b[rows]  # [K, H], [K]
     cap = final_softcap(model)
-    linear = linear_fn(device, dtype)  # oneDNN on a CPU in fp32: a block read-out costs half
+    linear = linear_fn(device, dtype)  # oneDNN on a CPU (fp32, bf16): a block read-out costs half
 
     def lm_head(h: torch.Tensor) -> torch.Tensor:
         logits = linear(h, weight, b)  # [..., V]

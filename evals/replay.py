@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.args import Parser, add_verifier_args, at_least, finite, resolve_dtype_arg, run_main
+from specdec.args import Parser, add_verifier_args, at_least, finite, load_verifier_arg, run_main
 from specdec.costs import VerifyCosts, measure_costs
 from specdec.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, common_prefix_len
@@ -268,7 +268,7 @@ def first_draft_agreement(traces: Sequence[Trace]) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = Parser(prog="python -m specdec.evals.replay", description=__doc__.split("\n\n")[0])
-    add_verifier_args(p, runtime="hf", model="smollm2-135m")
+    add_verifier_args(p, runtime="hf")  # --model: smollm2-135m unless the verifier is the stub
     p.add_argument(
         "--drafter", nargs="+", default=["bundled:smollm2-135m"],
         help="DFlash drafters (no '+lookup'); several are compared on the same greedy answers",
@@ -292,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from specdec.api import load_drafter, load_verifier
+    from specdec.api import load_drafter
     from specdec.chat import encode_prompt
     from specdec.engine import generate
     from specdec.evals.datasets import load_dataset, second_turn_messages
@@ -304,7 +304,9 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.corpus:
         check_corpus(args.corpus)  # a bad folder fails before the model loads
-    verifier = load_verifier(args.verifier, args.model, dtype=resolve_dtype_arg(args), device=args.device)
+    if args.model is None and args.verifier != "stub":
+        args.model = "smollm2-135m"
+    verifier = load_verifier_arg(args)
     corpus = load_corpus_ngrams(args.corpus, verifier) if args.corpus else None
     drafters = []
     for name in args.drafter:  # all loaded and checked before the long part

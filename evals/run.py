@@ -474,8 +474,7 @@ def run_eval(
     result["summary"]["match_rate"] = eval_block["overall"]["match_rate"]
     if out is not None:
         assert jsonl is not None
-        jsonl.commit()
-        atomic_write_json(out / "result.json", result)
+        atomic_write_json(out / "result.json", result, before_rename=jsonl.commit)
         if report:
             from specdec.evals.report import write_report
 
@@ -519,7 +518,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.drafter in (None, "none"):
         raise ValueError("--drafter none: an eval compares a drafter against the AR baseline")
     check_output_dir(args.out, OUTPUT_NAMES)  # before any work
-    check_drafter_runtimes(args, [args.drafter_runtime, *(args.also_drafter_runtime or ())])
+    check_drafter_runtimes(args.verifier, [args.drafter_runtime, *(args.also_drafter_runtime or ())])
     sampling = sampling_of(args)
     names = list(dict.fromkeys(args.dataset or ["humaneval"]))
     records: list[PromptRecord] = []
@@ -529,7 +528,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     others = [rt for rt in dict.fromkeys(args.also_drafter_runtime or ()) if rt != args.drafter_runtime]
     peer_drafters = {f"drafter-{rt}": load_drafter_arg(args, verifier, runtime=rt) for rt in others}
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=block_size, sampling=sampling)
-    print(f"dtype {args.dtype} ({args.dtype_reason})", file=sys.stderr)
     result = run_eval(
         verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,
         peers=not args.no_peers, warmup=not args.no_warmup, progress=not args.quiet,

@@ -50,9 +50,10 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def resolve_dtype(name: str, runtime: str, device: str = "cpu") -> tuple[str, str]:
-    """("float32" | "bfloat16" | ..., why) for a dtype name; "auto" picks by measurement: bf16 for a torch
-    verifier on a CPU with AMX or avx512_bf16 (native bf16 matmuls) where the batch-invariant verify is
-    exact (`specdec.kernels.batch_invariant`), fp32 everywhere else."""
+    """("float32" | "bfloat16" | ..., why) for a dtype name, before the model loads; "auto" picks bf16 for a
+    torch verifier on a CPU with AMX or avx512_bf16 (native bf16 matmuls: faster end to end, see
+    docs/dtype.md), fp32 everywhere else. Whether bf16 is also exact is a property of the loaded model:
+    `load_verifier_auto` checks it and falls back to fp32."""
     if name != "auto":
         torch_dtype(name)
         return name, "asked for"
@@ -61,27 +62,53 @@ def resolve_dtype(name: str, runtime: str, device: str = "cpu") -> tuple[str, st
             "float32",
             f"{runtime} on {device}: the exact dtype everywhere (no batch-invariant bf16 verify here)",
         )
-    from specdec.kernels import batch_invariant
-
-    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
-    if not native:
+    if not (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()):
         return (
             "float32",
             "this CPU has neither AMX nor avx512_bf16: bf16 matmuls are emulated, slower than fp32",
         )
-    if not batch_invariant(torch.bfloat16, device):
-        return (
-            "float32",
-            "bf16 linears or attention are not batch-invariant on this CPU: bf16 would not be exact",
-        )
-    return "bfloat16", "AMX / avx512_bf16 bf16 matmuls, and the bf16 verify is batch-invariant here (exact)"
+    return "bfloat16", "native bf16 matmuls (AMX / avx512_bf16), faster than fp32 end to end on such CPUs"
 
 
-def check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> None:
-    """ValueError for a device / dtype pair the platform cannot run: bf16 on MPS needs macOS 14."""
+def load_verifier_auto(
+    runtime: str, model: str | None = None, *, dtype: str = "auto", device: str = "cpu"
+) -> tuple[Verifier, str, str]:
+    """`load_verifier` with the dtype name resolved (`resolve_dtype`): (verifier, its dtype, why). Where
+    "auto" chose a half precision whose verify of the loaded model is not batch-invariant here (measured
+    at load: speculation would not be exact), the model is loaded again in fp32."""
+    name, why = resolve_dtype(dtype, runtime, device)
+    verifier = load_verifier(runtime, model, dtype=name, device=device)
+    if dtype == "auto" and name != "float32" and not getattr(verifier, "batch_invariant", False):
+        del verifier
+        why = f"a {name} verify of this model is not batch-invariant here (measured at load): not exact"
+        name, verifier = "float32", load_verifier(runtime, model, dtype="float32", device=device)
+    elif dtype == "auto" and name != "float32":
+        why += "; its verify is batch-invariant here (measured at load): exact"
+    return verifier, name, why
+
+
+def check_device_dtype(device: str | torch.device, dtype: torch.dtype | None = None) -> None:
+    """ValueError for a device this torch cannot use (a CUDA device without CUDA, MPS off a Mac, a name
+    torch does not know) or a device / dtype pair the platform cannot run (bf16 on MPS needs macOS 14)."""
     import platform
 
-    if torch.device(device).type == "mps" and dtype == torch.bfloat16:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r}: {e}") from None
+    usable = {
+        "cpu": lambda: True,
+        "cuda": lambda: torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count(),
+        "mps": lambda: torch.backends.mps.is_available(),
+    }
+    if dev.type not in usable:
+        raise ValueError(f"device {device!r}: specdec runs on cpu, cuda or mps")
+    if not usable[dev.type]():
+        build = f"torch {torch.__version__}" + (
+            "" if torch.version.cuda or dev.type != "cuda" else ", no CUDA build"
+        )
+        raise ValueError(f"device {device!r} is not available here ({build}); use --device cpu")
+    if dev.type == "mps" and dtype == torch.bfloat16:
         version = platform.mac_ver()[0]
         if version and int(version.split(".")[0]) < 14:
             raise ValueError(
@@ -98,6 +125,8 @@ def load_verifier(
     if runtime == "stub":
         from specdec.verifiers.stub import StubVerifier
 
+        if model is not None:
+            raise ValueError(f"the stub verifier has a model of its own; --model {model!r} is for hf / mlx")
         return StubVerifier(dtype=torch_dtype(dtype))
     if model is None:
         raise ValueError(f"--model is required for the {runtime!r} verifier")
@@ -105,6 +134,7 @@ def load_verifier(
         from specdec.models import resolve_model
         from specdec.verifiers.hf import HFVerifier
 
+        check_device_dtype(device, torch_dtype(dtype))
         return HFVerifier(resolve_model(model), dtype=torch_dtype(dtype), device=device)
     if runtime == "mlx":
         from specdec.models import resolve_model
@@ -135,6 +165,68 @@ def bundled_corpus(model: str) -> Path | None:
 
     path = Path(specdec.evals.__file__).parent / "traindata" / model
     return path if (path / "corpus.json").is_file() else None
+
+
+def check_drafter(spec: str | None) -> Path | None:
+    """Check a drafter spec before any model loads: a DFlash checkpoint's config and weights header (names,
+    shapes, truncation; a hub repo id is fetched into its cache). Its checkpoint folder, or None for
+    "none" / "prompt-lookup"."""
+    if spec in (None, "none", "prompt-lookup"):
+        return None
+    if spec.endswith("+lookup"):
+        if spec.removesuffix("+lookup") in ("none", "prompt-lookup"):
+            raise ValueError(f"drafter {spec!r}: '+lookup' goes after a DFlash drafter")
+        return check_drafter(spec.removesuffix("+lookup"))
+    if spec.startswith("bundled:"):
+        path = bundled_drafter(spec.removeprefix("bundled:"))
+    else:
+        from specdec.models import resolve_drafter
+
+        path = resolve_drafter(spec)  # a local folder as it is; a hub repo id from the hub cache
+    if not (path / "config.json").is_file():
+        raise ValueError(f"drafter {spec!r}: expected 'none', 'prompt-lookup' or a DFlash checkpoint folder")
+    from specdec.checkpoint import check_checkpoint
+
+    check_checkpoint(path)
+    return path
+
+
+def check_drafter_fits(spec: str | None, model: str | None) -> None:
+    """Before either loads: a DFlash drafter against the verifier model's config.json, where that is on
+    disk already (a local folder, or a bundled model fetched before): its target layers, hidden size and
+    vocabulary, with the offending values (the same checks `bind` makes on the loaded verifier)."""
+    import json
+    from types import SimpleNamespace
+
+    from specdec.models import MODELS, model_dir
+    from specdec.protocols import check_compatible
+
+    path = check_drafter(spec)
+    folder = Path(model_dir(model) if model in MODELS else str(model or "")).expanduser()
+    if path is None or not model or not (folder / "config.json").is_file():
+        return
+    from specdec.checkpoint import load_config
+
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+        raw = raw.get("text_config") or raw  # multimodal layouts keep the language model's here
+        layers, hidden, vocab = int(raw["num_hidden_layers"]), int(raw["hidden_size"]), int(raw["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # not a config we can read without the runtime: the loaded verifier is checked at bind
+    cfg = load_config(path)
+    target = SimpleNamespace(model_name=folder.name, num_layers=layers, hidden_size=hidden, vocab_size=vocab)
+    drafter = SimpleNamespace(
+        name=spec,
+        target_layer_ids=cfg.target_layer_ids,
+        feature_dim=cfg.feature_dim,
+        vocab_size=cfg.vocab_size,
+    )
+    check_compatible(target, drafter)  # type: ignore[arg-type]
+    if cfg.num_target_layers != layers:
+        raise ValueError(
+            f"drafter {spec!r} was built for a target with {cfg.num_target_layers} layers, the verifier "
+            f"{folder.name!r} has {layers}: the drafter was built for another model"
+        )
 
 
 def load_drafter(
@@ -191,23 +283,12 @@ def load_drafter(
         return LookupFirstDrafter(
             inner, block_size=block_size, corpus=ngrams, corpus_cut=corpus_cut, costs=costs
         )
-    asked = spec
-    if spec.startswith("bundled:"):
-        spec = str(bundled_drafter(spec.removeprefix("bundled:")))
-    elif spec != "prompt-lookup":
-        from specdec.models import resolve_drafter
-
-        spec = str(resolve_drafter(spec))  # a local folder as it is; a hub repo id from the hub cache
-    if spec == "prompt-lookup":
+    path = check_drafter(spec)
+    if path is None:
         from specdec.ngram import PromptLookupDrafter
 
         drafter: Drafter = PromptLookupDrafter(block_size=block_size)
     else:
-        path = Path(spec)
-        if not (path / "config.json").is_file():
-            raise ValueError(
-                f"drafter {spec!r}: expected 'none', 'prompt-lookup' or a DFlash checkpoint folder"
-            )
         if runtime == "mlx":
             from specdec.dflash_mlx import MLXDFlashDrafter
 
@@ -221,8 +302,8 @@ def load_drafter(
             drafter = DFlashDrafter.from_pretrained(
                 path, device=device, dtype=torch_dtype(dtype), min_confidence=min_confidence, costs=costs
             )
-        if spec != asked and not asked.startswith("bundled:"):
-            drafter.name = asked  # a hub repo id names the drafter, not its cache folder
+        if str(path) != spec and not spec.startswith("bundled:"):
+            drafter.name = spec  # a hub repo id names the drafter, not its cache folder
     drafter.bind(verifier)
     return drafter
 
@@ -311,6 +392,5 @@ def run(
     )
     if out_path:
         assert jsonl is not None
-        jsonl.commit()
-        atomic_write_json(out_path, result)
+        atomic_write_json(out_path, result, before_rename=jsonl.commit)
     return result

@@ -30,7 +30,9 @@ __all__ = [
     "add_verifier_args",
     "at_least",
     "finite",
+    "int_list",
     "load_models",
+    "load_verifier_arg",
     "run_command",
     "run_main",
     "sampling_of",
@@ -63,6 +65,12 @@ def at_least(lo: int, hi: int | None = None) -> Callable[[str], int]:
         return v
 
     return parse
+
+
+def int_list(lo: int, hi: int | None = None) -> Callable[[str], list[int]]:
+    """argparse type: comma-separated integers, each in [lo, hi]."""
+    one = at_least(lo, hi)
+    return lambda text: [one(x) for x in text.split(",")]
 
 
 def finite(lo: float = -math.inf, hi: float = math.inf) -> Callable[[str], float]:
@@ -161,17 +169,21 @@ def sampling_of(args: argparse.Namespace) -> SamplingParams:
     )  # fmt: skip
 
 
-def resolve_dtype_arg(args: argparse.Namespace) -> str:
-    """Replace `args.dtype` ("auto" or a name) by the dtype to run, with `args.dtype_reason` saying why."""
-    from specdec.api import resolve_dtype
+def load_verifier_arg(args: argparse.Namespace) -> Verifier:
+    """The verifier the options name; `args.dtype` ("auto" or a name) is replaced by the dtype it runs in
+    (for the drafter too), `args.dtype_reason` says why, and both are printed."""
+    from specdec.api import load_verifier_auto
 
-    args.dtype, args.dtype_reason = resolve_dtype(args.dtype, args.verifier, args.device)
-    return args.dtype
+    verifier, args.dtype, args.dtype_reason = load_verifier_auto(
+        args.verifier, args.model, dtype=args.dtype, device=args.device
+    )
+    print(f"dtype {args.dtype} ({args.dtype_reason})", file=sys.stderr)
+    return verifier
 
 
-def check_drafter_runtimes(args: argparse.Namespace, runtimes: Sequence[str]) -> None:
+def check_drafter_runtimes(verifier: str, runtimes: Sequence[str]) -> None:
     """Before any load: a drafter in MLX reads the verifier's features as MLX arrays."""
-    if "mlx" in runtimes and args.verifier != "mlx":
+    if "mlx" in runtimes and verifier != "mlx":
         raise ValueError("drafter runtime mlx needs --verifier mlx (its features stay MLX arrays)")
 
 
@@ -190,17 +202,18 @@ def load_drafter_arg(args: argparse.Namespace, verifier: Verifier, *, runtime: s
 def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int]:
     """(verifier, drafter or None, block size) from the verifier and drafter options: the block size is
     `--block-size` or the drafter's own (1 without a drafter)."""
-    from specdec.api import load_verifier
+    from specdec.api import check_device_dtype, check_drafter_fits, torch_dtype
     from specdec.costs import VerifyCosts
 
-    check_drafter_runtimes(args, [args.drafter_runtime])
-    resolve_dtype_arg(args)
+    check_drafter_runtimes(args.verifier, [args.drafter_runtime])
+    check_device_dtype(args.device, None if args.dtype == "auto" else torch_dtype(args.dtype))
     table, auto_block, auto_p = _cost_table(args)  # before any load
     if args.corpus is not None:
         from specdec.ngram import check_corpus
 
         check_corpus(args.corpus, drafter=args.drafter)
-    verifier = load_verifier(args.verifier, args.model, dtype=args.dtype, device=args.device)
+    check_drafter_fits(args.drafter, args.model if args.verifier != "stub" else None)
+    verifier = load_verifier_arg(args)
     costs = None
     if auto_block or auto_p:
         costs = VerifyCosts.from_table(table, source=args.costs) if table else VerifyCosts.measure(verifier)

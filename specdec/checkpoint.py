@@ -306,7 +306,13 @@ def _fc_num_features(weights: Path, hidden_size: int) -> int | None:
 def load_config(path: str | Path) -> DFlashConfig:
     """Read `config.json` of a public-format checkpoint folder."""
     path = Path(path)
-    raw = json.loads(require_file(path, CONFIG_NAME).read_text())
+    file = require_file(path, CONFIG_NAME)
+    try:
+        raw = json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{str(file)!r} is not a JSON config: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{str(file)!r} is not a JSON config: a {type(raw).__name__}, not an object")
     k = None
     ids = (raw.get("dflash_config") or {}).get("target_layer_ids", raw.get("target_layer_ids"))
     if ids is None and (path / WEIGHTS_NAME).is_file() and "hidden_size" in raw:
@@ -315,16 +321,16 @@ def load_config(path: str | Path) -> DFlashConfig:
 
 
 def check_state_dict(
-    cfg: DFlashConfig, state: Mapping[str, torch.Tensor], *, source: str = "state dict"
+    cfg: DFlashConfig, state: Mapping[str, torch.Tensor | tuple[int, ...]], *, source: str = "state dict"
 ) -> None:
-    """Raise ValueError naming missing / unexpected parameters and shape mismatches against `cfg`."""
+    """Raise ValueError naming missing / unexpected parameters and shape mismatches against `cfg` (`state`:
+    tensors, or their shapes)."""
     want = public_param_shapes(cfg)
-    missing = sorted(set(want) - set(state))
-    unexpected = sorted(set(state) - set(want))
+    have = {k: tuple(v if isinstance(v, tuple) else v.shape) for k, v in state.items()}
+    missing = sorted(set(want) - set(have))
+    unexpected = sorted(set(have) - set(want))
     wrong = [
-        f"{k}: {tuple(state[k].shape)} (expected {want[k]})"
-        for k in sorted(set(want) & set(state))
-        if tuple(state[k].shape) != want[k]
+        f"{k}: {have[k]} (expected {want[k]})" for k in sorted(set(want) & set(have)) if have[k] != want[k]
     ]
     problems = []
     if missing:
@@ -352,6 +358,22 @@ def load_state_dict(path: str | Path, cfg: DFlashConfig | None = None) -> dict[s
         raise ValueError(f"cannot read {str(weights)!r} (truncated or not safetensors): {e}") from None
     check_state_dict(cfg, state, source=str(weights))
     return state
+
+
+def check_checkpoint(path: str | Path) -> DFlashConfig:
+    """Check a public-format checkpoint folder without loading its weights: the config, and the names and
+    shapes in the safetensors header (a truncated file fails here too); its config."""
+    from safetensors import safe_open
+
+    cfg = load_config(path)
+    weights = require_file(Path(path), WEIGHTS_NAME)
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    except Exception as e:  # safetensors' SafetensorError: truncated or not a safetensors file
+        raise ValueError(f"cannot read {str(weights)!r} (truncated or not safetensors): {e}") from None
+    check_state_dict(cfg, shapes, source=str(weights))
+    return cfg
 
 
 def load_checkpoint(path: str | Path) -> tuple[DFlashConfig, dict[str, torch.Tensor]]:

@@ -14,9 +14,11 @@ from specdec.args import (
     add_sampling_args,
     add_verifier_args,
     at_least,
+    check_drafter_runtimes,
     finite,
+    int_list,
     load_models,
-    resolve_dtype_arg,
+    load_verifier_arg,
     run_main,
     sampling_of,
 )
@@ -74,12 +76,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_bench_verify(args: argparse.Namespace) -> int:
     """The loaded verifier's cost of a verify of 1..16 tokens at a few context lengths, as a table."""
-    from specdec.api import load_verifier
     from specdec.evals.replay import bench_verify
     from specdec.records import atomic_write_json
 
     out = check_output_path(args.out) if args.out else None
-    verifier = load_verifier(args.verifier, args.model, dtype=resolve_dtype_arg(args), device=args.device)
+    verifier = load_verifier_arg(args)
     table = bench_verify(verifier, contexts=args.contexts, sizes=args.sizes, reps=args.reps)
     for ctx, row in table["relative"].items():
         cells = "  ".join(f"{b}: {table['seconds'][ctx][b] * 1e3:.1f} ms ({r:.2f}x)" for b, r in row.items())
@@ -108,7 +109,13 @@ def default_platform() -> tuple[str, str]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: a short HumanEval eval of the bundled drafter against the AR baseline."""
-    from specdec.api import bundled_corpus, load_drafter, load_verifier, resolve_dtype
+    from specdec.api import (
+        bundled_corpus,
+        check_device_dtype,
+        check_drafter,
+        load_drafter,
+        load_verifier_auto,
+    )
     from specdec.costs import VerifyCosts
     from specdec.evals.datasets import load_dataset
     from specdec.evals.report import print_summary_table
@@ -117,8 +124,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, OUTPUT_NAMES)  # before any work
     runtime, device = default_platform()
     runtime, device = args.verifier or runtime, args.device or device
-    dtype, why = resolve_dtype(args.dtype, runtime, "cpu")
-    verifier = load_verifier(runtime, args.model, dtype=dtype, device="cpu")
+    check_drafter_runtimes(runtime, [args.drafter_runtime])
+    check_device_dtype(device)
     cpu = device == "cpu"
     # on a small CPU a verify of 8 tokens costs ~1.5-2x a one-token step, so draft only what is likely
     # accepted: lookup where the text repeats, the n-grams of the verifier's own answers in the bundled
@@ -126,7 +133,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # verify cost, as measured here at start (a few seconds)
     lookup = cpu and not args.no_lookup
     spec = f"bundled:{args.model}" + ("+lookup" if lookup else "")
+    check_drafter(spec)
     corpus = bundled_corpus(args.model) if lookup and not args.no_corpus else None
+    verifier, dtype, why = load_verifier_auto(runtime, args.model, dtype=args.dtype, device="cpu")
     costs = VerifyCosts.measure(verifier) if cpu and args.min_confidence is None else None
     if costs is not None:
         print(costs.summary(), file=sys.stderr)
@@ -180,8 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench-verify", help="this machine's cost of a verify of 1..16 tokens (a table)")
     add_verifier_args(b)
-    b.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[128, 512])
-    b.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 12, 16])
+    b.add_argument("--contexts", type=int_list(1), default=[128, 512], help="cached tokens, comma-separated")
+    b.add_argument(
+        "--sizes", type=int_list(1, 256), default=[1, 2, 4, 8, 12, 16], help="verify sizes, comma-separated"
+    )
     b.add_argument("--reps", type=at_least(1), default=7)
     b.add_argument("--out", help="write the table here (JSON)")
     b.set_defaults(func=cmd_bench_verify)

@@ -30,7 +30,7 @@ from torch import nn
 
 from specdec.checkpoint import SLIDING, DFlashConfig, load_checkpoint, save_checkpoint
 from specdec.costs import VerifyCosts
-from specdec.kernels import use_onednn
+from specdec.kernels import use_cpu_linears
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord, check_compatible
 
 if TYPE_CHECKING:
@@ -586,7 +586,7 @@ class DFlashDrafter:
         self.min_confidence, self.costs = min_confidence, costs
         cfg = model.cfg
         self.model = model.eval()
-        use_onednn(model)  # float32 on a CPU: a block costs much less (see specdec.kernels)
+        use_cpu_linears(model)  # on a CPU: a block costs much less (see specdec.kernels)
         self.cfg = cfg
         self.name = name
         self.block_size = cfg.block_size

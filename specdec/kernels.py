@@ -21,47 +21,67 @@ x 256 tokens) autoregressive steps 65 -> 60 ms. Measured here too: the rows of a
 bit for bit the same whatever the number of rows in the call; fp32 attention still does not, so fp32
 decoding stays exact by test.
 
-Used for inference only (`torch.no_grad` / `inference_mode`, float32 on an x86-64 CPU: the only place
-it was measured); anything else, or a build without the op, takes `F.linear`.
+bf16 takes the same packed path where the op works for it (x86 CPUs; on one with avx512_bf16, a
+[1536, 576] product of one row: fp32 packed 71 us, bf16 `F.linear` 97 us, bf16 packed 42 us). In half
+precision a one-row product is computed as two: measured on an avx512_bf16 EPYC, the GEMV kernel a lone
+row takes rounds differently from the same row inside any larger call once K is large (K = 1536: up to
+0.0078 apart, bf16 `F.linear` and packed alike), while every call of 2 or more rows agrees bit for bit;
+the row doubled costs ~7 us per product. fp32 rows are not doubled (fp32 is exact by test, not by
+construction). fp16 has no packed path on CPUs without avx512_fp16 (`F.linear`, row doubled).
+
+Used for inference only (`torch.no_grad` / `inference_mode`); training, a build without the op, or any
+device but an x86-64 CPU takes `F.linear`.
 """
 
 from __future__ import annotations
 
 import math
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
 __all__ = [
-    "KEY_ALIGN", "PACKED_ROWS", "OneDNNLinear", "batch_invariant", "invariant_attention", "linear_fn",
-    "onednn_usable", "packed_weight", "use_onednn",
+    "HALF", "KEY_ALIGN", "PACKED_ROWS", "CPULinear", "batch_invariant", "invariant_attention", "linear_fn",
+    "linear_shapes", "onednn_usable", "packed_weight", "use_cpu_linears", "verify_equals_steps",
 ]  # fmt: skip
 
 LinearFn = Callable[..., torch.Tensor]
 
 
+HALF = (torch.bfloat16, torch.float16)
+
+
 @cache
-def _op_works() -> bool:
-    """The op exists in this build and agrees with F.linear (checked once per process)."""
+def _op_works(dtype: torch.dtype = torch.float32) -> bool:
+    """The op and its weight packing exist in this build for `dtype` and agree with F.linear (checked once
+    per process and dtype)."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
         return False
     try:
         op = torch.ops.mkldnn._linear_pointwise
         g = torch.Generator().manual_seed(0)
-        x, w, b = (torch.randn(s, generator=g) for s in ((3, 64), (40, 64), (40,)))
+        x, w, b = (torch.randn(s, generator=g).to(dtype) for s in ((3, 64), (40, 64), (40,)))
         with torch.inference_mode():
-            return bool(torch.allclose(op(x, w, b, "none", [], ""), F.linear(x, w, b), atol=1e-4))
+            want = F.linear(x, w, b).float()
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
+            tol = 1e-4 if dtype == torch.float32 else 5e-2
+            return all(
+                torch.allclose(op(x, m, b, "none", [], "").float(), want, atol=tol) for m in (w, packed)
+            )
     except (AttributeError, RuntimeError):
         return False
 
 
 def onednn_usable(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """oneDNN linears apply: float32 on an x86-64 CPU, in a build that has a working op."""
-    return torch.device(device).type == "cpu" and dtype == torch.float32 and _op_works()
+    """oneDNN linears apply: float32 or bfloat16 on an x86-64 CPU, in a build whose op works for it."""
+    return (
+        torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16) and _op_works(dtype)
+    )
 
 
 #: products of at most this many rows take the prepacked weight (larger ones, prefills, the plain one)
@@ -84,25 +104,48 @@ def packed_weight(w: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def _one_row_doubled(f: LinearFn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """`f(x, w, b)` for a product of one row, computed as two (see the module docstring: a lone half
+    precision row takes a kernel that rounds differently)."""
+    out = f(x.reshape(1, -1).expand(2, -1), w, b)[:1]  # [1, N]
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
         return F.linear(x, w, b)  # the op has no backward: training keeps the default kernel
     rows = math.prod(x.shape[:-1])
+    if rows == 1 and x.dtype != torch.float32:
+        return _one_row_doubled(_onednn_linear, x, w, b)
     weight = packed_weight(w) if rows <= PACKED_ROWS else w
     return torch.ops.mkldnn._linear_pointwise(x, weight, b, "none", [], "")
 
 
+def _paired_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`, a one-row product computed as two (half precision on a CPU without the oneDNN op)."""
+    if math.prod(x.shape[:-1]) == 1 and not (
+        torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    ):
+        return _one_row_doubled(F.linear, x, w, b)
+    return F.linear(x, w, b)
+
+
+@cache
 def linear_fn(device: torch.device | str, dtype: torch.dtype) -> LinearFn:
-    """`F.linear` or its faster twin for small batches (oneDNN, packed weights for up to `PACKED_ROWS`
-    rows), by `device` / `dtype`."""
-    return _onednn_linear if onednn_usable(device, dtype) else F.linear
+    """The linear for inference on `device` in `dtype`: on an x86-64 CPU oneDNN's (fp32 / bf16; packed
+    weights for up to `PACKED_ROWS` rows), in half precision on a CPU with one-row products computed as
+    two (row-invariant); `F.linear` elsewhere."""
+    if onednn_usable(device, dtype):
+        return _onednn_linear
+    return _paired_linear if torch.device(device).type == "cpu" and dtype in HALF else F.linear
 
 
-class OneDNNLinear(torch.nn.Linear):
-    """`nn.Linear` whose inference forward is oneDNN's matmul (same parameters, same state dict)."""
+class CPULinear(torch.nn.Linear):
+    """`nn.Linear` whose inference forward is `linear_fn` of its weight (same parameters, same state
+    dict): oneDNN's matmul, one-row products doubled in half precision."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _onednn_linear(x, self.weight, self.bias)
+        return linear_fn(self.weight.device, self.weight.dtype)(x, self.weight, self.bias)
 
 
 #: key positions are padded to multiples of this (from absolute position 0) by `invariant_attention`
@@ -152,18 +195,27 @@ def invariant_attention(
 
 
 @cache
-def batch_invariant(dtype: torch.dtype, device: str = "cpu") -> bool:
-    """Whether this machine computes every row of a linear (F.linear and `linear_fn`) and of
-    `invariant_attention` bit for bit the same in calls of 1, 2, 8 and 16 rows, in `dtype` (measured once
-    per process on random data, key counts crossing an alignment boundary included)."""
+def batch_invariant(
+    dtype: torch.dtype, device: str = "cpu", shapes: tuple[tuple[int, int], ...] = ((192, 64),)
+) -> bool:
+    """Whether this machine computes every row of `linear_fn`'s product with weights of `shapes` ([N, K]
+    each: pass the model's own, the rounding of a lone row depends on K) and of `invariant_attention` bit
+    for bit the same in calls of 1, 2, 3, 8 and 16 rows as in one of 64, in `dtype` (measured once per
+    process on random data, key counts crossing an alignment boundary included). A necessary condition;
+    `verify_equals_steps` measures the loaded model itself."""
     g = torch.Generator().manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)  # noqa: E731
-    w, x = rand(192, 64), rand(16, 64)
-    for f in (F.linear, linear_fn(torch.device(device), dtype)):
-        full = f(x, w, None)
-        for m in (1, 2, 8):
-            if not torch.equal(torch.cat([f(x[i : i + m], w, None) for i in range(0, 16, m)]), full):
-                return False
+    f = linear_fn(torch.device(device), dtype)
+    with torch.inference_mode():
+        for n, k in shapes:
+            w, x = rand(min(n, 4096), k), rand(64, k)  # N capped: a 262k-row head is checked by the model
+            full = f(x, w, None)
+            for m in (1, 2, 3, 8, 16):
+                rows = 64 // m * m
+                if not torch.equal(
+                    torch.cat([f(x[i : i + m], w, None) for i in range(0, rows, m)]), full[:rows]
+                ):
+                    return False
     P, T = KEY_ALIGN - 5, 16  # the block's keys cross an alignment boundary
     q, k, v = rand(1, 6, T, 32), rand(1, 2, P + T, 32), rand(1, 2, P + T, 32)
     mask = (torch.arange(P, P + T)[:, None] >= torch.arange(P + T)[None, :]).to(device)[None, None]
@@ -176,14 +228,42 @@ def batch_invariant(dtype: torch.dtype, device: str = "cpu") -> bool:
     return torch.equal(torch.cat([one(t) for t in range(T)], 2), full)
 
 
-def use_onednn(module: torch.nn.Module) -> int:
-    """Switch every plain `nn.Linear` in `module` (float32, CPU) to `OneDNNLinear` in place; how many.
+def linear_shapes(module: torch.nn.Module) -> tuple[tuple[int, int], ...]:
+    """The distinct [N, K] weight shapes of the `nn.Linear`s in `module`, for `batch_invariant`."""
+    return tuple(sorted({tuple(m.weight.shape) for m in module.modules() if isinstance(m, torch.nn.Linear)}))
+
+
+class _Steppable(Protocol):
+    vocab_size: int
+
+    def reset(self) -> None: ...
+    def forward(self, tokens: Sequence[int]) -> torch.Tensor: ...
+
+
+def verify_equals_steps(verifier: _Steppable, *, n_prompt: int = KEY_ALIGN - 4, n_block: int = 8) -> bool:
+    """Whether a verify of `n_block` tokens gives bit for bit the logits of as many one-token steps, on
+    this verifier's own model on this machine (after a prompt of `n_prompt`: the block's keys cross an
+    alignment boundary). Runs on the verifier's cache: call it on a fresh verifier; leaves it reset."""
+    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + n_block)]
+    verifier.reset()
+    verifier.forward(ids[:n_prompt])
+    block = verifier.forward(ids[n_prompt:])  # [n_block, V]
+    verifier.reset()
+    verifier.forward(ids[:n_prompt])
+    steps = torch.cat([verifier.forward([t]) for t in ids[n_prompt:]])  # [n_block, V]
+    verifier.reset()
+    return torch.equal(block, steps)
+
+
+def use_cpu_linears(module: torch.nn.Module) -> int:
+    """Switch every plain `nn.Linear` in `module` whose weight `linear_fn` gives a kernel of its own for
+    (a CPU: fp32 / bf16 oneDNN, fp16 row-paired) to `CPULinear` in place; how many.
 
     The parameters stay the same objects, so tied weights stay tied and training still works (the
     default kernel runs whenever gradients are needed)."""
     n = 0
     for m in module.modules():
-        if type(m) is torch.nn.Linear and onednn_usable(m.weight.device, m.weight.dtype):
-            m.__class__ = OneDNNLinear
+        if type(m) is torch.nn.Linear and linear_fn(m.weight.device, m.weight.dtype) is not F.linear:
+            m.__class__ = CPULinear
             n += 1
     return n

@@ -17,7 +17,7 @@ import os
 import platform
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -191,9 +191,13 @@ def format_bytes(rec: dict | None) -> str:
     return f"{rec['bytes'] / 2**20:.0f} MiB ({rec['kind']})"
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes, *, before_rename: Callable[[], None] | None = None
+) -> None:
     """Write `data` to a temp file beside `path`, fsync, then rename over it: all or nothing. The file gets
-    the usual permissions (umask), not mkstemp's 0600."""
+    the usual permissions (umask), not mkstemp's 0600. `before_rename` runs once the data is safely on
+    disk, right before the rename (e.g. `JsonlWriter.commit` for the steps of this result: a full disk
+    then fails before either file is replaced, never between the two)."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
@@ -204,15 +208,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+def atomic_write_json(
+    path: str | os.PathLike[str], obj: Any, *, before_rename: Callable[[], None] | None = None
+) -> None:
     """`obj` as indented JSON, written with `atomic_write_bytes`."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode(), before_rename=before_rename)
 
 
 class JsonlWriter:
@@ -235,7 +243,7 @@ class JsonlWriter:
         self._f.close()
 
     def commit(self) -> None:
-        """Close and move the steps into place (call right before writing the result they belong to)."""
+        """Close and move the steps into place: the `before_rename` of the result they belong to."""
         self.close()
         os.replace(self.tmp, self.path)
 

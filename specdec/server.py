@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import queue
+import socket
 import sys
 import threading
 import time
@@ -485,6 +486,9 @@ def build_app(
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             worker.metrics.add("requests_invalid")
             return error(f"the request body is not valid JSON: {e}", 400)
+        except RecursionError:  # json's decoder recurses per nesting level
+            worker.metrics.add("requests_invalid")
+            return error("the request body nests too deeply to parse", 400)
         try:
             params = parse_request(body, chat=chat, model=model, defaults=defaults)
         except RequestError as e:
@@ -640,6 +644,9 @@ def build_app(
     async def method_not_allowed(request: Request, exc: Exception) -> JSONResponse:
         return error(f"{request.method} is not allowed on {request.url.path}", 405)
 
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:  # a bug of ours, not a 4xx
+        return error(f"internal error: {type(exc).__name__}: {exc}", 500)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
         yield
@@ -653,7 +660,7 @@ def build_app(
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],
-        exception_handlers={404: not_found, 405: method_not_allowed},
+        exception_handlers={404: not_found, 405: method_not_allowed, Exception: internal_error},
         lifespan=lifespan,
     )
     app.state.worker = worker
@@ -680,8 +687,33 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (0: any free port), for uvicorn to serve on; a bad host or a port
+    in use is a one-line ValueError here, before any model loads (uvicorn would say so only after)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may rebind at once
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load, serve until SIGINT / SIGTERM; exit code 1 if the worker thread ever died."""
+    sock = listen_socket(args.host, args.port)  # before any work
+    try:
+        return _serve_on(sock, args)
+    finally:
+        sock.close()
+
+
+def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     import uvicorn
 
     sampling = sampling_of(args)
@@ -701,10 +733,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine, model_name=args.served_model_name, max_queue=args.max_queue,
         default_max_tokens=args.default_max_tokens, sampling=sampling, on_death=on_death,
     )  # fmt: skip
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     name = args.served_model_name or verifier.model_name
-    print(f"specdec serve: {name} on http://{args.host}:{args.port}/v1", flush=True)
-    server.run()
+    host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if ":" in host else host
+    print(f"specdec serve: {name} on http://{url_host}:{port}/v1", flush=True)
+    server.run(sockets=[sock])
     if died:
         print(f"error: the engine worker died: {type(died[0]).__name__}: {died[0]}", file=sys.stderr)
         return 1

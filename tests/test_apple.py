@@ -183,6 +183,7 @@ def test_bf16_on_mps_needs_macos_14(monkeypatch):
     from specdec.api import check_device_dtype
 
     monkeypatch.setattr(platform, "mac_ver", lambda: ("13.6.1", ("", "", ""), "arm64"))
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)  # a Mac's GPU, which we lack
     with pytest.raises(ValueError, match="macOS 14"):
         check_device_dtype("mps", torch.bfloat16)
     check_device_dtype("mps", torch.float16)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -323,6 +325,27 @@ def test_a_refused_or_interrupted_run_keeps_the_earlier_result_and_steps(tmp_pat
     assert (out.read_bytes(), (tmp_path / "r.steps.jsonl").read_bytes()) == before
 
 
+def test_a_full_disk_at_the_result_keeps_the_earlier_result_and_steps(tmp_path, monkeypatch, capsys):
+    """ENOSPC while the final result is written: the steps of the new run must not take the name of the
+    old ones (they were renamed before the result was written, so an old result sat beside new steps)."""
+    import errno
+
+    import specdec.records as records
+
+    out = tmp_path / "r.json"
+    assert main(["generate", "--prompt", "hello", "--max-new-tokens", "2", "--out", str(out)]) == 0
+    before = (out.read_bytes(), (tmp_path / "r.steps.jsonl").read_bytes())
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(records.os, "fsync", full)
+    assert main(["generate", "--prompt", "hello there", "--max-new-tokens", "14", "--out", str(out)]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert (out.read_bytes(), (tmp_path / "r.steps.jsonl").read_bytes()) == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".r.json.")]  # no temp file left
+
+
 # ---- 6-7. one-line errors, before any work --------------------------------------------------------------
 
 
@@ -332,8 +355,6 @@ def _truncate(path: Path) -> None:
 
 
 def test_truncated_weights_are_errors_not_tracebacks(tmp_path, gemma_dir, capsys):
-    import shutil
-
     folder = _stub_drafter_folder(tmp_path / "d")
     _truncate(folder / "model.safetensors")
     assert main(["generate", "--drafter", str(folder), "--prompt", "hi"]) == 2
@@ -362,6 +383,9 @@ def test_truncated_weights_are_errors_not_tracebacks(tmp_path, gemma_dir, capsys
         (["serve", "--max-context", "0"], "--max-context"),
         (["serve", "--max-queue", "-1"], "--max-queue"),
         (["eval", "--out", "{tmp}/ev", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["bench-verify", "--sizes", "0"], "--sizes"),
+        (["bench-verify", "--sizes", "1,x"], "--sizes"),
+        (["bench-verify", "--contexts", "-5"], "--contexts"),
     ],
 )
 def test_bad_flags_are_one_line_errors(argv, words, tmp_path, capsys):
@@ -465,3 +489,68 @@ def test_fuzzed_requests_always_get_an_answer(gemma_dir):
     for engine in (Engine(StubVerifier()), Engine(_hf(gemma_dir))):
         for s in _serve(engine, model_name="m"):
             _fuzz(s.url)
+
+
+# ---- issue 37: what a new user hit ------------------------------------------------------------------------
+
+
+def _busy_port() -> tuple[object, int]:
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+def test_refused_before_any_model_loads(tmp_path, gemma_dir, capsys):
+    """Each of these used to fail only after loading (or with a traceback, or not at all). The model is a
+    folder that does not exist: an error about it would mean the model was tried first."""
+    missing = str(tmp_path / "no-such-model")
+    hf = ["--verifier", "hf", "--model", missing]
+    bad_config = _stub_drafter_folder(tmp_path / "d")
+    ok_drafter = _stub_drafter_folder(tmp_path / "ok")  # made for the stub: vocabulary 259
+    (bad_config / "config.json").write_text('{"hidden_size": 64,\n "x": "a\tb"}')  # a raw tab: invalid JSON
+    sock, port = _busy_port()
+    cases = [
+        (["generate", *hf, "--drafter", str(bad_config), "--prompt", "hi"], f"{bad_config / 'config.json'}"),
+        (["generate", "--verifier", "stub", "--model", "nosuch-model", "--prompt", "hi"], "model of its own"),
+        (
+            ["demo", "--verifier", "hf", "--model", missing, "--drafter-runtime", "mlx"],
+            "needs --verifier mlx",
+        ),
+        (["serve", *hf, "--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
+        (["serve", *hf, "--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid"),
+        (["generate", *hf, "--device", "nosuchdevice", "--prompt", "hi"], "device 'nosuchdevice'"),
+    ]
+    other = tmp_path / "other-model"  # config.json on disk, weights that would fail to load
+    shutil.copytree(gemma_dir, other)
+    _truncate(other / "model.safetensors")
+    cases.append((["generate", "--verifier", "hf", "--model", str(other), "--drafter", str(ok_drafter),
+                   "--prompt", "hi"], "vocabulary size 259"))  # fmt: skip
+    if not torch.cuda.is_available():
+        cases.append(
+            (["generate", *hf, "--device", "cuda", "--prompt", "hi"], "'cuda' is not available here")
+        )
+    try:
+        for argv, words in cases:
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert words in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+    finally:
+        sock.close()
+
+
+def test_a_deeply_nested_body_is_a_400_and_the_server_lives():
+    deep = "[" * 200_000 + "]" * 200_000
+    for s in _serve(Engine(StubVerifier()), model_name="stub"):
+        r = httpx.post(
+            s.url + "/v1/chat/completions", content=deep, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 400 and "nests too deeply" in r.json()["error"]["message"]
+        assert _chat(s.url, [{"role": "user", "content": "hi"}]).status_code == 200
+
+
+def test_generate_says_which_dtype_and_why(capsys):
+    assert main(["generate", "--prompt", "hi", "--max-new-tokens", "2"]) == 0  # auto: by this CPU
+    assert re.search(r"^dtype (float32|bfloat16) \(.+\)$", capsys.readouterr().err, re.M)

@@ -267,18 +267,26 @@ def test_rollback_limits(verifiers):
     assert g.position == 44
 
 
-def test_check_rollback_refuses_recurrent_layers():
+def test_recurrent_layers_refused_at_load(verifiers):
+    """A model with recurrent / linear-attention / SSM layers is refused with the reason before any work:
+    transformers' own code fails inside on our cache, and a crop could not roll it back exactly."""
     cfg = transformers.AutoConfig.for_model(
         "lfm2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, layer_types=["conv", "full_attention"],
     )  # fmt: skip
     torch.manual_seed(0)
-    v = HFVerifier(transformers.AutoModelForCausalLM.from_config(cfg))
-    with pytest.raises(RuntimeError, match=r"\['conv'\].*cannot roll back"):
-        v.check_rollback()
-    v.config.layer_types = ["full_attention", "full_attention"]  # hide the types: the cache layer class tells
-    with pytest.raises(RuntimeError, match="LinearAttentionLayer"):
-        v.check_rollback()
+    with pytest.raises(ValueError, match=r"layer types \['conv'\].*runs attention-only models"):
+        HFVerifier(transformers.AutoModelForCausalLM.from_config(cfg))
+    from transformers.cache_utils import LinearAttentionLayer
+
+    v = verifiers["llama"]  # a cache layer of another class (by any route) is refused before a drafter runs
+    v.reset()
+    v._cache.layers[0] = LinearAttentionLayer()
+    try:
+        with pytest.raises(RuntimeError, match="LinearAttentionLayer"):
+            v.check_rollback()
+    finally:
+        v.reset()
 
 
 # ---- embed / lm head -------------------------------------------------------------------------------------
@@ -417,7 +425,7 @@ def test_cpu_kernels_keep_the_models_output(folders, verifiers, refs, name):
     fast = verifiers[name]
     assert fast.model.config._attn_implementation == "specdec_sdpa"
     if onednn_usable("cpu", torch.float32):
-        assert type(fast.model.get_output_embeddings()).__name__ == "OneDNNLinear"
+        assert type(fast.model.get_output_embeddings()).__name__ == "CPULinear"
     assert hf_generate(plain, prompt_of(40), N_NEW) == refs[name]  # refs: the fast verifier's generate
     prompt, block = prompt_of(40), prompt_of(8, seed=2)
     for v in (plain, fast):

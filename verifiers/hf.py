@@ -32,7 +32,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import batch_invariant, invariant_attention, linear_fn, use_onednn
+from specdec.kernels import (
+    batch_invariant,
+    invariant_attention,
+    linear_fn,
+    linear_shapes,
+    use_cpu_linears,
+    verify_equals_steps,
+)
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
 
@@ -85,12 +92,22 @@ def _attend_invariant(
 ) -> tuple[torch.Tensor, None]:
     """`specdec.kernels.invariant_attention` under transformers' attention interface: the keys of the call
     sit at absolute positions ending at the last query's (full layers from 0, sliding layers from where
-    their window starts), which is what the alignment needs."""
+    their window starts), which is what the alignment needs.
+
+    No mask means what it means to transformers' SDPA attention: causal (aligned at the first key, as
+    torch's `is_causal`) for a call of several queries in a causal module, every key visible for one
+    query. transformers passes none for a causal call whose queries are all its keys (a prefill on an
+    empty cache, a training forward) and relies on `is_causal`; read as "every key visible", that prefill
+    let each position see the ones after it (SmolLM2-135M bf16: 2.6% of argmaxes right)."""
     pos = kw.get("position_ids")
-    start = int(pos[0, -1]) - key.shape[2] + 1 if pos is not None else 0
+    T, S = query.shape[2], key.shape[2]
+    start = int(pos[0, -1]) - S + 1 if pos is not None else 0
     mask = attention_mask
     if mask is not None and mask.dtype != torch.bool:  # an additive float mask: 0 where visible
         mask = mask == 0
+    causal = kw.get("is_causal")
+    if mask is None and T > 1 and (getattr(module, "is_causal", True) if causal is None else causal):
+        mask = torch.ones(T, S, dtype=torch.bool, device=query.device).tril()[None, None]  # [1, 1, T, S]
     scale = kw.get("scaling") or query.shape[-1] ** -0.5
     out = invariant_attention(
         query, key, value, mask, scale=scale, key_start=start, softcap=kw.get("softcap")
@@ -116,6 +133,19 @@ def _set_attention(model: torch.nn.Module, name: str, fn: Any) -> bool:
     return True
 
 
+def _check_layer_types(cfg: Any, name: str) -> None:
+    """ValueError for a model with layers this verifier cannot run (recurrent / linear-attention / SSM
+    state: transformers' own code fails inside on our cache, and a crop could not roll it back exactly)."""
+    bad = sorted(
+        {str(t) for t in getattr(cfg, "layer_types", None) or () if t not in EXACT_ROLLBACK_LAYER_TYPES}
+    )
+    if bad:
+        raise ValueError(
+            f"{name} ({cfg.model_type}) has layer types {bad} (recurrent / linear-attention / SSM state): "
+            f"the HF verifier runs attention-only models ({sorted(EXACT_ROLLBACK_LAYER_TYPES)})"
+        )
+
+
 class HFVerifier:
     """Verifier on `AutoModelForCausalLM`: a model folder (or a loaded model), fp32 on CPU by default."""
 
@@ -131,16 +161,18 @@ class HFVerifier:
         onednn: bool = True,
         invariant: bool | None = None,
     ) -> None:
-        """`onednn`: on a CPU in float32, run the model's linears with oneDNN (`specdec.kernels`: a verify
-        of several tokens costs much less) and let grouped-query attention read the shared K/V heads
-        under a mask instead of copying them (bit-identical); a model object passed in is switched in
-        place. Off: the model runs exactly as loaded.
+        """`onednn`: on a CPU, run the model's linears with `specdec.kernels.linear_fn` (oneDNN in fp32 and
+        bf16: a verify of several tokens costs much less; in half precision a one-row product computed as
+        two, which rounds like the rows of a verify) and, without `invariant`, let grouped-query attention
+        read the shared K/V heads under a mask instead of copying them (bit-identical); a model object
+        passed in is switched in place. Off: the model runs exactly as loaded.
 
         `invariant` (None: on for bf16 / fp16 on a CPU): attention through
         `specdec.kernels.invariant_attention`, so a verify of several tokens gives each position bit for bit
-        what a one-token verify gives wherever the linears are invariant too (`batch_invariant`,
-        measured at load); speculative output then equals autoregressive output token for token in that
-        dtype. `batch_invariant` says whether both hold."""
+        what a one-token verify gives wherever the linears are invariant too. `batch_invariant` says
+        whether a verify equals one-token steps bit for bit on this model here, measured at load
+        (`specdec.kernels.verify_equals_steps`); speculative output then equals autoregressive output
+        token for token in that dtype."""
         if isinstance(model_path_or_model, torch.nn.Module):
             model = model_path_or_model.to(device=device, dtype=dtype)
             path = getattr(model.config, "_name_or_path", "") or type(model).__name__
@@ -154,12 +186,12 @@ class HFVerifier:
         half = dtype in (torch.bfloat16, torch.float16)
         invariant = half and cpu if invariant is None else invariant
         if onednn and cpu:
-            use_onednn(model)
+            use_cpu_linears(model)
         switched = bool(invariant) and _set_attention(model, "specdec_invariant", _attend_invariant)
         if not invariant and onednn and cpu:
             _set_attention(model, "specdec_sdpa", _sdpa_gqa)
-        self.batch_invariant = switched and batch_invariant(dtype, str(device))
         self.config = cfg = model.config.get_text_config(decoder=True)
+        _check_layer_types(cfg, Path(path).name or path)  # a model object; a folder is checked before loading
         base = getattr(model, "model", None)
         layers = getattr(base, "layers", None)
         if not isinstance(layers, torch.nn.ModuleList) or model.get_output_embeddings() is None:
@@ -187,6 +219,12 @@ class HFVerifier:
         self._captured: dict[int, torch.Tensor] = {}  # layer id -> [T, H] of the last call
         self._weights: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
         self.reset()
+        # measured on this model here (a verify vs one-token steps), not inferred from a toy shape
+        self.batch_invariant = (
+            switched
+            and batch_invariant(dtype, str(device), linear_shapes(model))
+            and verify_equals_steps(self)
+        )
 
     # ---- loading -------------------------------------------------------------------------------------
 
@@ -204,6 +242,7 @@ class HFVerifier:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.from_pretrained(path)
+        _check_layer_types(config.get_text_config(decoder=True), path.name)  # before the weights load
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, config=config)
         except ValueError as e:  # transformers' "Unrecognized configuration class ..."
@@ -249,14 +288,6 @@ class HFVerifier:
     def check_rollback(self) -> None:
         from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
-        types = list(getattr(self.config, "layer_types", None) or [])
-        bad = sorted({t for t in types if t not in EXACT_ROLLBACK_LAYER_TYPES})
-        if bad:
-            raise RuntimeError(
-                f"{self.model_name} ({self.config.model_type}) has layer types {bad} (recurrent / "
-                "linear-attention / SSM state) that a KV-cache crop cannot roll back exactly; speculative "
-                f"decoding needs attention-only models ({sorted(EXACT_ROLLBACK_LAYER_TYPES)})"
-            )
         exact = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer)  # DummyLayer: KV-shared, holds nothing
         odd = sorted({
             type(la).__name__ for la in self._cache.layers

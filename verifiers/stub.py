@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.kernels import batch_invariant, invariant_attention
+from specdec.kernels import batch_invariant, invariant_attention, linear_fn, verify_equals_steps
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn, check_layer_ids
 
@@ -110,7 +110,7 @@ class StubVerifier:
         self.model = StubModel(cfg).to(dtype)
         half = dtype in (torch.bfloat16, torch.float16)
         self.invariant = half if invariant is None else invariant
-        self.batch_invariant = self.invariant and batch_invariant(dtype)
+        self._linear = linear_fn("cpu", dtype)  # [T, K] x [N, K]^T; one-row products paired in half precision
         self.model_name = f"stub-h{cfg.hidden_size}-l{cfg.num_layers}-seed{cfg.seed}"
         self.dtype = str(dtype).removeprefix("torch.")
         self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
@@ -123,6 +123,11 @@ class StubVerifier:
         self._pos = 0
         self._layer_ids: tuple[int, ...] = ()
         self._captured: torch.Tensor | None = None  # [T, K*H] of the last call
+        shapes = tuple(sorted({tuple(p.shape) for p in self.model.parameters() if p.dim() == 2}))  # [N, K]
+        # measured on this model here (a verify vs one-token steps), not inferred from a toy shape
+        self.batch_invariant = (
+            self.invariant and batch_invariant(dtype, "cpu", shapes) and verify_equals_steps(self)
+        )
 
     @property
     def position(self) -> int:
@@ -152,7 +157,7 @@ class StubVerifier:
         captured: dict[int, torch.Tensor] = {}
         for li, layer in enumerate(self.model.layers):
             h = _rms_norm(x, layer.norm1, cfg.eps)
-            q, k, v = (h @ layer.qkv.T).view(T, 3, nh, hd).permute(1, 2, 0, 3)  # each [nh, T, hd]
+            q, k, v = self._linear(h, layer.qkv).view(T, 3, nh, hd).permute(1, 2, 0, 3)  # each [nh, T, hd]
             q, k = _rope(q, pos, cfg.rope_theta), _rope(k, pos, cfg.rope_theta)
             self._kv[li, 0, :, p0 : p0 + T] = k
             self._kv[li, 1, :, p0 : p0 + T] = v
@@ -162,16 +167,16 @@ class StubVerifier:
                 att = one[0]
             else:
                 att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
-            x = x + att.transpose(0, 1).reshape(T, -1) @ layer.o.T
-            gate, up = (_rms_norm(x, layer.norm2, cfg.eps) @ layer.up.T).chunk(2, -1)
-            x = x + (F.silu(gate) * up) @ layer.down.T
+            x = x + self._linear(att.transpose(0, 1).reshape(T, -1), layer.o)
+            gate, up = self._linear(_rms_norm(x, layer.norm2, cfg.eps), layer.up).chunk(2, -1)
+            x = x + self._linear(F.silu(gate) * up, layer.down)
             if li in self._layer_ids:
                 captured[li] = x
         self._pos = p0 + T
         # [T, K*H], layers in the order asked for
         self._captured = torch.cat([captured[i] for i in self._layer_ids], -1) if captured else None
         x = x[-1:] if last_only else x
-        return _rms_norm(x, self.model.norm, cfg.eps) @ self.model.head.T  # [T, V]
+        return self._linear(_rms_norm(x, self.model.norm, cfg.eps), self.model.head)  # [T, V]
 
     def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
         logits = self.forward(tokens, last_only=True)  # [1, V]
