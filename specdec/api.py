@@ -199,39 +199,27 @@ def check_drafter(spec: str | None) -> Path | None:
 def check_drafter_fits(spec: str | None, model: str | None) -> None:
     """Before either loads: a DFlash drafter against the verifier model's config.json, where that is on
     disk already (a local folder, or a bundled model fetched before): its target layers, hidden size and
-    vocabulary, with the offending values (the same checks `bind` makes on the loaded verifier)."""
+    vocabulary, with the offending values (`checkpoint.check_target`, as `bind` checks the verifier)."""
     import json
     from types import SimpleNamespace
 
+    from specdec.checkpoint import check_target, load_config
     from specdec.models import MODELS, model_dir
-    from specdec.protocols import check_compatible
 
     path = check_drafter(spec)
     folder = Path(model_dir(model) if model in MODELS else str(model or "")).expanduser()
     if path is None or not model or not (folder / "config.json").is_file():
         return
-    from specdec.checkpoint import load_config
-
     try:
         raw = json.loads((folder / "config.json").read_text())
         raw = raw.get("text_config") or raw  # multimodal layouts keep the language model's here
-        layers, hidden, vocab = int(raw["num_hidden_layers"]), int(raw["hidden_size"]), int(raw["vocab_size"])
+        target = SimpleNamespace(
+            model_name=folder.name, num_layers=int(raw["num_hidden_layers"]),
+            hidden_size=int(raw["hidden_size"]), vocab_size=int(raw["vocab_size"]),
+        )  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return  # not a config we can read without the runtime: the loaded verifier is checked at bind
-    cfg = load_config(path)
-    target = SimpleNamespace(model_name=folder.name, num_layers=layers, hidden_size=hidden, vocab_size=vocab)
-    drafter = SimpleNamespace(
-        name=spec,
-        target_layer_ids=cfg.target_layer_ids,
-        feature_dim=cfg.feature_dim,
-        vocab_size=cfg.vocab_size,
-    )
-    check_compatible(target, drafter)  # type: ignore[arg-type]
-    if cfg.num_target_layers != layers:
-        raise ValueError(
-            f"drafter {spec!r} was built for a target with {cfg.num_target_layers} layers, the verifier "
-            f"{folder.name!r} has {layers}: the drafter was built for another model"
-        )
+    check_target(load_config(path), target, name=str(spec))
 
 
 def load_drafter(

@@ -360,6 +360,30 @@ def load_state_dict(path: str | Path, cfg: DFlashConfig | None = None) -> dict[s
     return state
 
 
+def check_target(cfg: DFlashConfig, target: Any, *, name: str) -> None:
+    """ValueError, with the offending values, where the DFlash drafter `name` of config `cfg` cannot run
+    against `target`: a verifier, or anything with its `model_name`, `num_layers`, `hidden_size` and
+    `vocab_size` (e.g. read from the model's config.json before it loads)."""
+    from types import SimpleNamespace
+
+    from specdec.protocols import check_compatible
+
+    ids, fdim = cfg.target_layer_ids, cfg.feature_dim
+    check_compatible(
+        target, SimpleNamespace(name=name, target_layer_ids=ids, feature_dim=fdim, vocab_size=cfg.vocab_size)
+    )
+    if cfg.num_target_layers != target.num_layers:
+        raise ValueError(
+            f"drafter {name!r} was built for a target with {cfg.num_target_layers} layers, the verifier "
+            f"{target.model_name!r} has {target.num_layers}: the drafter was built for another model"
+        )
+    if cfg.mask_token_id >= target.vocab_size:
+        raise ValueError(
+            f"drafter {name!r} uses mask_token_id {cfg.mask_token_id}, outside the vocabulary "
+            f"(0..{target.vocab_size - 1}) of {target.model_name!r}: the drafter was built for another model"
+        )
+
+
 def check_checkpoint(path: str | Path) -> DFlashConfig:
     """Check a public-format checkpoint folder without loading its weights: the config, and the names and
     shapes in the safetensors header (a truncated file fails here too); its config."""

@@ -112,7 +112,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from specdec.api import (
         bundled_corpus,
         check_device_dtype,
-        check_drafter,
+        check_drafter_fits,
         load_drafter,
         load_verifier_auto,
     )
@@ -133,7 +133,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # verify cost, as measured here at start (a few seconds)
     lookup = cpu and not args.no_lookup
     spec = f"bundled:{args.model}" + ("+lookup" if lookup else "")
-    check_drafter(spec)
+    check_drafter_fits(spec, args.model)
     corpus = bundled_corpus(args.model) if lookup and not args.no_corpus else None
     verifier, dtype, why = load_verifier_auto(runtime, args.model, dtype=args.dtype, device="cpu")
     costs = VerifyCosts.measure(verifier) if cpu and args.min_confidence is None else None

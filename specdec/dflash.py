@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.checkpoint import SLIDING, DFlashConfig, load_checkpoint, save_checkpoint
+from specdec.checkpoint import SLIDING, DFlashConfig, check_target, load_checkpoint, save_checkpoint
 from specdec.costs import VerifyCosts
 from specdec.kernels import use_cpu_linears
-from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord, check_compatible
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord
 
 if TYPE_CHECKING:
     from specdec.protocols import Verifier
@@ -633,19 +633,7 @@ class DFlashDrafter:
         return 0 if self.proposer is None else self.proposer.context_len
 
     def bind(self, verifier: Verifier) -> None:
-        check_compatible(verifier, self)
-        if self.cfg.num_target_layers != verifier.num_layers:
-            raise ValueError(
-                f"drafter {self.name!r} was built for a target with {self.cfg.num_target_layers} layers, the "
-                f"verifier {verifier.model_name!r} has {verifier.num_layers}: the drafter was built for "
-                "another model"
-            )
-        if self.mask_token_id >= verifier.vocab_size:
-            raise ValueError(
-                f"drafter {self.name!r} uses mask_token_id {self.mask_token_id}, outside the vocabulary "
-                f"(0..{verifier.vocab_size - 1}) of {verifier.model_name!r}: the drafter was built for "
-                "another model"
-            )
+        check_target(self.cfg, verifier, name=self.name)
         embed = verifier.embed_fn(device=self.device, dtype=self.dtype)
         rows = self.model.draft_vocab
         head = verifier.lm_head_fn(device=self.device, dtype=self.dtype, rows=rows)  # [..., K] (or V)

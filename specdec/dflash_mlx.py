@@ -32,12 +32,13 @@ from specdec.checkpoint import (
     WEIGHTS_NAME,
     DFlashConfig,
     check_state_dict,
+    check_target,
     load_config,
     require_file,
 )
 from specdec.costs import VerifyCosts
 from specdec.memory import mlx_probe
-from specdec.protocols import MemoryProbe, check_compatible
+from specdec.protocols import MemoryProbe
 from specdec.verifiers.mlx import MLX_DTYPES
 
 __all__ = ["MLXDFlashDrafter", "MLXDFlashModel"]
@@ -270,12 +271,7 @@ class MLXDFlashDrafter:
                 f"the MLX drafter needs an MLX verifier (got {getattr(verifier, 'runtime', None)!r}); "
                 "use the PyTorch drafter (--drafter-runtime torch) with other verifiers"
             )
-        check_compatible(verifier, self)
-        if self.cfg.num_target_layers != verifier.num_layers:
-            raise ValueError(
-                f"drafter {self.name!r} was built for a target with {self.cfg.num_target_layers} layers, the "
-                f"verifier {verifier.model_name!r} has {verifier.num_layers}"
-            )
+        check_target(self.cfg, verifier, name=self.name)
         model = verifier.model
         inner = text_model(model).model
         scale = embed_scale(model)

@@ -355,9 +355,14 @@ def test_public_drafter_config_loads_binds_and_decodes_exactly(tmp_path, verifie
     assert res.output_tokens == refs[rt, fam]
 
 
-def test_drafter_mismatches_fail_clearly(verifiers):
+def test_drafter_mismatches_fail_clearly(tmp_path, verifiers):
+    from specdec.dflash_mlx import MLXDFlashDrafter
+
     g_cfg = DFlashConfig.from_dict(public_drafter_config("gemma4", 6))
     q_cfg = DFlashConfig.from_dict(public_drafter_config("qwen3", 8))
+    save_checkpoint(tmp_path / "g", g_cfg, DFlashDraftModel(g_cfg).state_dict())
+    with pytest.raises(ValueError, match=r"built for a target with 6 layers.*has 8"):  # the MLX runtime too
+        MLXDFlashDrafter.from_pretrained(tmp_path / "g").bind(verifiers["mlx", "qwen3"])
     for rt in RUNTIMES:
         g, q = verifiers[rt, "gemma4"], verifiers[rt, "qwen3"]
         with pytest.raises(ValueError, match=r"built for a target with 6 layers.*has 8"):
