@@ -4,7 +4,7 @@ greedy answers, so an accepted token is one the verifier would have written). `-
 engine measures the same at load (`specdec.ngram.load_corpus_ngrams`); the committed table is this on
 the bundled SmolLM2 corpus.
 
-    python -m specdec.evals.chances --corpus evals/traindata/smollm2-135m
+    python -m specdec.evals.chances --corpus bundled:smollm2-135m
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = Parser(prog="python -m specdec.evals.chances", description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", required=True, metavar="DIR", help="a `specdec.train.corpus` folder")
+    p.add_argument("--corpus", required=True, metavar="DIR", help="a corpus folder, or bundled:<model>")
     p.add_argument("--answers", type=at_least(1), default=400, help="how many answers to sample")
     p.add_argument("--seed", type=int, default=1)
     p.set_defaults(func=_run)
@@ -27,11 +27,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from specdec.bundled import corpus_path
+    from specdec.corpus import Corpus
     from specdec.ngram import check_corpus, lookup_chances, sample_answers
-    from specdec.train.data import TrainData
 
     check_corpus(args.corpus)
-    answers = sample_answers(TrainData(args.corpus).sequences, n=args.answers, seed=args.seed)
+    sequences = Corpus(corpus_path(args.corpus)).all_sequences()
+    answers = sample_answers(sequences, n=args.answers, seed=args.seed)
     for g, row in lookup_chances(answers).items():
         print(f"{g}: ({', '.join(f'{c:.2f}' for c in row)}),")
     return 0

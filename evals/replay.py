@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--corpus", metavar="DIR",
         help="also replay drafting by n-grams of this corpus of the verifier's own answers (a `specdec.train."
-        "corpus` folder, e.g. evals/traindata/smollm2-135m) where lookup has nothing (a study)",
+        "corpus` folder, e.g. specdec/bundled/smollm2-135m/corpus) where lookup has nothing (a study)",
     )  # fmt: skip
     p.add_argument("--corpus-cut", type=finite(0, 1), nargs="+", default=[0.2, 0.4], help="their cuts")
     p.add_argument("--out", help="write traces' figures and the cost table here (JSON)")

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specdec.api import DRAFTER_RUNTIMES
 from specdec.args import (
-    DRAFTER_RUNTIMES,
     Parser,
     add_drafter_args,
     add_sampling_args,

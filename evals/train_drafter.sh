@@ -10,8 +10,8 @@
 # released in commit 97b2c4b, read from git history; Gemma 3 and INIT=none start from scratch); LAYERS=N
 # drafter layers (default 2; a deeper drafter grows from a shallower INIT). On a GPU add DEVICE=cuda.
 #
-# 1. Corpus (specdec.train.corpus, specdec.trainsets; nothing from HumanEval or MT-Bench, checked by word
-#    8-grams) in evals/traindata/MODEL: the verifier answers greedily (fp32, continuous batching) 3000
+# 1. Corpus (specdec.train.corpus, specdec.train.prompts; nothing from HumanEval or MT-Bench, checked by word
+#    8-grams) in specdec/bundled/MODEL/corpus: the verifier answers greedily (fp32, continuous batching) 3000
 #    self-instruct requests ("questions", 64 new tokens), then 18565 turn-1 prompts (10126 code prompts
 #    from the standard library and 43 installed packages, 8439 chat instructions incl. its own questions;
 #    256), then 3000 follow-up turns to its chat answers ("turn2", 256).
@@ -39,7 +39,7 @@ case "$MODEL" in
     RELEASED= ;;
   *) echo "train_drafter.sh: no recipe for $MODEL (smollm2-135m, gemma3-270m)" >&2; exit 2 ;;
 esac
-CORPUS=evals/traindata/$MODEL
+CORPUS=specdec/bundled/$MODEL/corpus
 mkdir -p "$W"
 if [ "${MAX_CHUNKS:-}" != "0" ]; then
   python -m specdec.train.corpus --model "$MODEL" --out "$CORPUS" ${MAX_CHUNKS:+--max-chunks "$MAX_CHUNKS"}

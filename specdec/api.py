@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from specdec.args import DRAFTER_RUNTIMES, RUNTIMES
+from specdec.bundled import bundled_corpus, bundled_drafter
 from specdec.chat import encode_prompt
 from specdec.costs import VerifyCosts
 from specdec.engine import DecodeConfig, check_request, generate
@@ -30,6 +30,15 @@ from specdec.records import (
     steps_path,
     summarize,
 )
+
+__all__ = [
+    "DRAFTER_RUNTIMES", "RUNTIMES", "bundled_corpus", "bundled_drafter", "check_device_dtype",
+    "check_drafter", "check_drafter_fits", "encode_prompt", "load_drafter", "load_verifier",
+    "load_verifier_auto", "resolve_dtype", "run", "run_config", "torch_dtype",
+]  # fmt: skip
+
+RUNTIMES = ("stub", "hf", "mlx")  # verifier runtimes
+DRAFTER_RUNTIMES = ("torch", "mlx")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -147,29 +156,6 @@ def load_verifier(
 
         return MLXVerifier(resolve_model(model), dtype=dtype)
     raise ValueError(f"unknown verifier runtime {runtime!r}; choose one of {RUNTIMES}")
-
-
-BUNDLED_DIR = Path(__file__).parent / "drafters"
-#: bundled drafters by the verifier model they were trained for
-BUNDLED = {"smollm2-135m": "smollm2-135m-dflash", "gemma3-270m": "gemma3-270m-dflash"}
-
-
-def bundled_drafter(model: str) -> Path:
-    """The folder of the drafter shipped for a bundled model name (e.g. "smollm2-135m")."""
-    path = BUNDLED_DIR / BUNDLED.get(model, f"{model}-dflash")
-    if not (path / "config.json").is_file():
-        have = sorted(k for k, v in BUNDLED.items() if (BUNDLED_DIR / v / "config.json").is_file())
-        raise ValueError(f"no bundled drafter for {model!r}; bundled drafters exist for {have}")
-    return path
-
-
-def bundled_corpus(model: str) -> Path | None:
-    """The folder of the training corpus shipped for a bundled model name (its own answers as token ids,
-    what its bundled drafter was trained on; a `corpus` for `load_drafter`), or None where none is."""
-    import specdec.evals
-
-    path = Path(specdec.evals.__file__).parent / "traindata" / model
-    return path if (path / "corpus.json").is_file() else None
 
 
 def check_drafter(spec: str | None) -> Path | None:
@@ -295,7 +281,9 @@ def load_drafter(
             drafter = DFlashDrafter.from_pretrained(
                 path, device=device, dtype=torch_dtype(dtype), min_confidence=min_confidence, costs=costs
             )
-        if str(path) != spec and not spec.startswith("bundled:"):
+        if spec.startswith("bundled:"):
+            drafter.name = f"{spec.removeprefix('bundled:')}-dflash"
+        elif str(path) != spec:
             drafter.name = spec  # a hub repo id names the drafter, not its cache folder
     drafter.bind(verifier)
     return drafter

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from specdec.api import DRAFTER_RUNTIMES, RUNTIMES
 from specdec.sampling import PROPOSALS, RULES, SamplingParams
 
 if TYPE_CHECKING:
@@ -39,8 +40,6 @@ __all__ = [
 ]
 
 LOOKUP_BLOCK_SIZE = 16  # prompt lookup has no block size of its own
-RUNTIMES = ("stub", "hf", "mlx")  # verifier runtimes
-DRAFTER_RUNTIMES = ("torch", "mlx")
 
 
 class Parser(argparse.ArgumentParser):
@@ -137,7 +136,7 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
     p.add_argument(
         "--corpus", metavar="DIR",
         help="with a '+lookup' drafter, where lookup has nothing draft by n-grams of this corpus of the "
-        "verifier's own answers (a `specdec train` corpus folder, e.g. evals/traindata/smollm2-135m), and "
+        "verifier's own answers (a `specdec train` corpus folder, or bundled:<model> for a bundled one), and "
         "price lookup's drafts by how often they are accepted in it",
     )  # fmt: skip
     p.add_argument(

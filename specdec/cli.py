@@ -7,8 +7,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from specdec.api import DRAFTER_RUNTIMES
 from specdec.args import (
-    DRAFTER_RUNTIMES,
     Parser,
     add_drafter_args,
     add_sampling_args,

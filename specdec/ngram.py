@@ -88,7 +88,7 @@ LOOKUP_NGRAMS = (2, 8)
 #: the chance that prompt lookup's j-th drafted token is accepted, given the ones before it, by the length of
 #: the n-gram it matched (the last row: that length or more); measured on 400 answers of the bundled SmolLM2
 #: corpus (the verifier's own greedy answers, lookup over prompt + answer as in decoding) by
-#: `python -m specdec.evals.chances --corpus evals/traindata/smollm2-135m`
+#: `python -m specdec.evals.chances --corpus bundled:smollm2-135m`
 LOOKUP_ACCEPT = {
     2: (0.56, 0.63, 0.74, 0.81, 0.83, 0.85),
     3: (0.63, 0.70, 0.81, 0.83, 0.86, 0.87),
@@ -154,7 +154,7 @@ def chances_of(corpus: CorpusNgrams | None) -> Chances:
 
 
 def sample_answers(sequences: Sequence, *, n: int = 400, seed: int = 1) -> list[tuple[list[int], list[int]]]:
-    """`n` (prompt, answer) pairs of a corpus' sequences (`specdec.train.data.TrainData.sequences`), drawn
+    """`n` (prompt, answer) pairs of a corpus' sequences (`specdec.corpus.TrainSequence`s), drawn
     without replacement (seeded): what `lookup_chances` measures on."""
     out = []
     for i in np.random.default_rng(seed).permutation(len(sequences))[:n]:
@@ -419,7 +419,8 @@ def check_corpus(
     """The verifier record of the corpus folder at `path` (cheap: before any model loads); an error where
     it is not one, where `drafter` (a spec) is not a '+lookup' one, which the corpus drafts for, or where
     `cut` is not a share."""
-    from specdec.train.corpus import Corpus
+    from specdec.bundled import corpus_path
+    from specdec.corpus import Corpus
 
     if drafter is not None and not drafter.endswith("+lookup"):
         raise ValueError(
@@ -427,16 +428,18 @@ def check_corpus(
         )
     if cut is not None:
         _check_cut(cut)
-    return Corpus(path).meta["verifier"]
+    return Corpus(corpus_path(path)).meta["verifier"]
 
 
 def load_corpus_ngrams(path: str | os.PathLike[str], verifier: Verifier) -> CorpusNgrams:
-    """`CorpusNgrams` of the answers in the corpus folder at `path` (written by `specdec train`, e.g. the
-    bundled evals/traindata/smollm2-135m), which `verifier`'s model must have written: another
+    """`CorpusNgrams` of the answers in the corpus folder at `path` (written by `specdec train`, or
+    "bundled:<model>" for a bundled one), which `verifier`'s model must have written: another
     vocabulary is an error. Lookup's chances are measured on 400 of its answers (`lookup_chances`). About
     2 s per million answer tokens plus ~3 s on a small CPU."""
-    from specdec.train.data import TrainData
+    from specdec.bundled import corpus_path
+    from specdec.corpus import Corpus
 
+    path = corpus_path(path)
     meta = check_corpus(path)
     if meta.get("vocab_size") != verifier.vocab_size:
         raise ValueError(
@@ -444,15 +447,15 @@ def load_corpus_ngrams(path: str | os.PathLike[str], verifier: Verifier) -> Corp
             f"not by this verifier (vocab {verifier.vocab_size})"
         )
     t = time.perf_counter()
-    data = TrainData(path)
-    table = CorpusNgrams(s.ids[s.prompt_len :] for s in data.sequences)
+    sequences = Corpus(path).all_sequences()
+    table = CorpusNgrams(s.ids[s.prompt_len :] for s in sequences)
     table.source = str(path)
-    sample = sample_answers(data.sequences)
+    sample = sample_answers(sequences)
     table.lookup_chances = lookup_chances(sample)  # this verifier's own habits (a base model repeats more)
     took = time.perf_counter() - t
     print(
-        f"corpus n-grams: {len(data)} answers of {str(path)!r}, lookup's chances from {len(sample)} of them, "
-        f"in {took:.1f} s",
+        f"corpus n-grams: {len(sequences)} answers of {str(path)!r}, lookup's chances from {len(sample)} of "
+        f"them, in {took:.1f} s",
         file=sys.stderr,
     )
     return table

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from specdec.api import BUNDLED, bundled_corpus, bundled_drafter, load_drafter
+from specdec.api import bundled_corpus, bundled_drafter, load_drafter
+from specdec.bundled import BUNDLED
 from specdec.checkpoint import load_checkpoint
 
 # model -> (hidden size, vocabulary, verifier layers) of its verifier; every entry of BUNDLED needs one

@@ -138,7 +138,7 @@ def test_a_prompt_too_long_for_the_corpus_gets_an_empty_answer(tmp_path):
 
 
 def test_parse_instruction():
-    from specdec.trainsets import parse_instruction
+    from specdec.train.prompts import parse_instruction
 
     assert parse_instruction('A nurse might ask: "How do I read a blood test report?"') == (
         "How do I read a blood test report?"
@@ -156,9 +156,9 @@ def test_parse_instruction():
 
 
 def test_committed_prompts_share_no_8_gram_with_the_eval_sets():
-    from specdec.trainsets import eval_ngrams, word_ngrams
+    from specdec.train.prompts import eval_ngrams, word_ngrams
 
-    files = sorted((REPO / "evals" / "traindata").glob("*/*/prompts.jsonl.gz"))
+    files = sorted((REPO / "specdec" / "bundled").glob("*/corpus/*/prompts.jsonl.gz"))
     if not files:
         pytest.skip("no corpus committed")
     banned = eval_ngrams()

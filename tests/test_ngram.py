@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -148,7 +147,7 @@ def test_lookup_chances_are_what_the_bundled_corpus_shows(capsys):
     from specdec.evals.chances import main
     from specdec.ngram import LOOKUP_ACCEPT, check_corpus, load_corpus_ngrams
 
-    corpus = str(Path(__file__).resolve().parents[1] / "evals" / "traindata" / "smollm2-135m")
+    corpus = "bundled:smollm2-135m"  # the folder shipped in the package, found from any directory
     assert main(["--corpus", corpus]) == 0
     assert eval("{" + capsys.readouterr().out + "}") == LOOKUP_ACCEPT
     verifier = SimpleNamespace(vocab_size=check_corpus(corpus)["vocab_size"])  # only its vocabulary is read

@@ -1,16 +1,4 @@
-"""A token-id training corpus: the verifier's own responses to many prompts, built in resumable chunks.
-
-Token ids are all a drafter's training needs from the verifier ahead of time (features are computed from
-them online, see `specdec.train.features`), and they are small: a corpus of 20k sequences is ~15 MB, so
-it is committed and a fresh machine never regenerates it. Layout of a corpus folder:
-
-    corpus.json                the verifier it was built with (name, vocabulary, layers) and each stage's
-                               settings: {"budget", "chunk_size", "n_prompts"}
-    <stage>/prompts.jsonl.gz   the stage's prompts, fixed when the stage starts: {"key", "messages"} a line
-    <stage>/chunk-NNNNN.npz    the results of prompts [N*chunk_size, (N+1)*chunk_size): keys, prompt ids
-                               and response ids (int32, flat, with lengths)
-    <stage>/partial.npz        while a build is unfinished: the answers of chunks not yet complete, with
-                               their prompt indices (saved every minute and when a build is interrupted)
+"""Building a token-id training corpus (the format: `specdec.corpus`) in resumable chunks.
 
 A stage is a list of prompts answered greedily with up to `budget` new tokens (ending at the first stop
 token, included). Its prompt list is written once: a later build (another machine, other installed
@@ -26,179 +14,20 @@ time.
 from __future__ import annotations
 
 import functools
-import gzip
 import json
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from specdec.chat import check_messages, encode_prompt
+from specdec.corpus import Corpus, Messages, Row, TrainSequence, read_rows, write_rows
 from specdec.protocols import Verifier
-from specdec.records import atomic_write_bytes
 
 __all__ = ["Corpus", "TrainSequence", "build_default", "build_from_prompts", "build_stage", "load_prompts"]
-
-FORMAT = "specdec-corpus"
-VERSION = 1
-Messages = list[dict[str, str]]
-
-
-@dataclass(frozen=True)
-class TrainSequence:
-    """One training sequence: prompt ids then the verifier's response ids."""
-
-    key: str
-    ids: np.ndarray  # [T] int32
-    prompt_len: int
-
-
-class Corpus:
-    """A corpus folder (see the module docstring)."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        meta = self.path / "corpus.json"
-        if not meta.is_file():
-            raise FileNotFoundError(f"{str(self.path)!r} is not a corpus (no corpus.json): build one first")
-        self.meta: dict[str, Any] = json.loads(meta.read_text())
-        if self.meta.get("format") != FORMAT:
-            raise ValueError(f"{str(meta)!r} is not a {FORMAT} file")
-
-    @classmethod
-    def create(cls, path: str | os.PathLike[str], verifier: Verifier, *, max_len: int) -> Corpus:
-        """Open the corpus at `path`, or start one for `verifier` (refusing a folder built by another)."""
-        path = Path(path)
-        want = {
-            "model": verifier.model_name, "vocab_size": verifier.vocab_size,
-            "hidden_size": verifier.hidden_size, "num_layers": verifier.num_layers,
-        }  # fmt: skip
-        if (path / "corpus.json").is_file():
-            c = cls(path)
-            diff = {
-                k: (c.meta["verifier"].get(k), v) for k, v in want.items() if c.meta["verifier"].get(k) != v
-            }
-            if diff or c.meta["max_len"] != max_len:
-                raise ValueError(
-                    f"corpus {str(path)!r} was built for another verifier or max_len: {diff} (stored, "
-                    "given); use another folder"
-                )
-            return c
-        path.mkdir(parents=True, exist_ok=True)
-        meta = {"format": FORMAT, "version": VERSION, "verifier": want, "max_len": max_len, "stages": {}}
-        atomic_write_bytes(path / "corpus.json", json.dumps(meta, indent=1).encode())
-        return cls(path)
-
-    # ---- stages ----------------------------------------------------------------------------------------
-
-    def has_stage(self, stage: str) -> bool:
-        return stage in self.meta["stages"]
-
-    def start_stage(
-        self, stage: str, make: Callable[[], list[tuple[str, Messages]]], *, budget: int, chunk_size: int
-    ) -> None:
-        """Fix a stage's prompts (`make()`, called only if the stage is new) and settings."""
-        if self.has_stage(stage):
-            have = self.meta["stages"][stage]
-            if (have["budget"], have["chunk_size"]) != (budget, chunk_size):
-                raise ValueError(
-                    f"stage {stage!r} of {str(self.path)!r} has budget {have['budget']} and chunk size "
-                    f"{have['chunk_size']}; asked for {budget} and {chunk_size}"
-                )
-            return
-        prompts = make()
-        keys = [k for k, _ in prompts]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"stage {stage!r}: prompt keys must be unique")
-        (self.path / stage).mkdir(exist_ok=True)
-        lines = "".join(json.dumps({"key": k, "messages": m}) + "\n" for k, m in prompts)
-        atomic_write_bytes(self.path / stage / "prompts.jsonl.gz", gzip.compress(lines.encode(), mtime=0))
-        self.meta["stages"][stage] = {"budget": budget, "chunk_size": chunk_size, "n_prompts": len(prompts)}
-        atomic_write_bytes(self.path / "corpus.json", json.dumps(self.meta, indent=1).encode())
-
-    def prompts(self, stage: str) -> list[tuple[str, Messages]]:
-        text = gzip.decompress((self.path / stage / "prompts.jsonl.gz").read_bytes()).decode()
-        return [(r["key"], r["messages"]) for r in map(json.loads, text.splitlines())]
-
-    def n_chunks(self, stage: str) -> int:
-        s = self.meta["stages"][stage]
-        return -(-s["n_prompts"] // s["chunk_size"])
-
-    def chunk_path(self, stage: str, n: int) -> Path:
-        return self.path / stage / f"chunk-{n:05d}.npz"
-
-    def missing_chunks(self, stage: str) -> list[int]:
-        return [n for n in range(self.n_chunks(stage)) if not self.chunk_path(stage, n).is_file()]
-
-    def partial_path(self, stage: str) -> Path:
-        return self.path / stage / "partial.npz"
-
-    # ---- reading ---------------------------------------------------------------------------------------
-
-    def sequences(self, stage: str) -> Iterator[TrainSequence]:
-        """The finished sequences of `stage`, chunk by chunk, up to the first chunk still missing (so the
-        first N sequences stay the same while a build goes on)."""
-        for n in range(self.n_chunks(stage)):
-            p = self.chunk_path(stage, n)
-            if not p.is_file():
-                return
-            for key, prompt, response in _read_rows(p)[0]:
-                ids = np.concatenate([prompt, response]).astype(np.int32)
-                yield TrainSequence(key=key, ids=ids, prompt_len=len(prompt))
-
-    def responses(self, stage: str) -> dict[str, np.ndarray]:
-        """key -> response ids [n] of the finished prompts of `stage`."""
-        return {s.key: s.ids[s.prompt_len :] for s in self.sequences(stage)}
-
-    def stats(self) -> dict[str, Any]:
-        """Per stage: prompts, finished sequences and their prompt / response token counts."""
-        out = {}
-        for stage in self.meta["stages"]:
-            seqs = list(self.sequences(stage))
-            out[stage] = {
-                "n_prompts": self.meta["stages"][stage]["n_prompts"], "n_sequences": len(seqs),
-                "prompt_tokens": sum(s.prompt_len for s in seqs),
-                "response_tokens": sum(len(s.ids) - s.prompt_len for s in seqs),
-            }  # fmt: skip
-        return out
-
-
-Row = tuple[str, list[int], list[int]]  # (key, prompt ids, response ids)
-
-
-def _write_rows(path: Path, rows: list[Row], index: list[int] | None = None) -> None:
-    """A chunk file (or, with the rows' prompt indices, a partial file), written atomically."""
-    import io
-
-    buf = io.BytesIO()
-    extra = {} if index is None else {"index": np.array(index, dtype=np.int64)}
-    np.savez_compressed(
-        buf,
-        keys=np.array([k for k, _, _ in rows], dtype=str),
-        prompt_len=np.array([len(p) for _, p, _ in rows], dtype=np.int32),
-        response_len=np.array([len(r) for _, _, r in rows], dtype=np.int32),
-        prompt=np.array([t for _, p, _ in rows for t in p], dtype=np.int32),
-        response=np.array([t for _, _, r in rows for t in r], dtype=np.int32),
-        **extra,
-    )
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def _read_rows(path: Path) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list[int] | None]:
-    """The rows of a chunk or partial file, and the partial file's prompt indices (None for a chunk)."""
-    with np.load(path) as z:
-        keys, plen, rlen = z["keys"].tolist(), z["prompt_len"], z["response_len"]
-        prompt, response = z["prompt"], z["response"]
-        index = z["index"].tolist() if "index" in z else None
-    po, ro = np.concatenate([[0], np.cumsum(plen)]), np.concatenate([[0], np.cumsum(rlen)])
-    rows = [(k, prompt[po[i] : po[i + 1]], response[ro[i] : ro[i + 1]]) for i, k in enumerate(keys)]
-    return rows, index
 
 
 def _answers(
@@ -265,7 +94,7 @@ def build_stage(
         done = [m for m in results if len(results[m]) == want[m]]
         for m in done:
             rows_m = results.pop(m)
-            _write_rows(corpus.chunk_path(stage, m), [rows_m[j] for j in sorted(rows_m)])
+            write_rows(corpus.chunk_path(stage, m), [rows_m[j] for j in sorted(rows_m)])
         if done or time.monotonic() - saved_at > PARTIAL_EVERY_S:
             _save_partial(corpus.partial_path(stage), results)
             saved_at = time.monotonic()
@@ -293,7 +122,7 @@ def _save_partial(path: Path, results: dict[int, dict[int, Row]]) -> None:
         path.unlink(missing_ok=True)
         return
     index = sorted(flat)
-    _write_rows(path, [flat[i] for i in index], index)
+    write_rows(path, [flat[i] for i in index], index)
 
 
 def _saved_partial(
@@ -305,7 +134,7 @@ def _saved_partial(
     path = corpus.partial_path(stage)
     if not path.is_file():
         return results
-    rows, index = _read_rows(path)
+    rows, index = read_rows(path)
     for i, (key, prompt, response) in zip(index or [], rows):
         if not 0 <= i < len(prompts) or prompts[i][0] != key:
             raise ValueError(
@@ -383,11 +212,11 @@ def build_default(
     seed: int = 0,
     progress: bool = True,
 ) -> Corpus:
-    """The corpus the bundled drafters train on (`specdec.trainsets`): "questions" (the verifier writes
+    """The corpus the bundled drafters train on (`specdec.train.prompts`): "questions" (the verifier writes
     instructions, 64 new tokens), "turn1" (code, templated chat and those instructions, 256), "turn2"
     (follow-ups to chat answers of turn1, 256). A stage's prompts are fixed once the stage before it is
     complete; `max_chunks` bounds the chunks this call generates (over all stages)."""
-    from specdec import trainsets as ts
+    from specdec.train import prompts as ts
 
     c = Corpus.create(corpus_dir, verifier, max_len=max_len)
     encode = functools.partial(encode_prompt, verifier)

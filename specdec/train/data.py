@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.train.corpus import Corpus, TrainSequence
+from specdec.corpus import Corpus, TrainSequence
 from specdec.train.features import TargetFeatures
 
 __all__ = ["Batch", "TrainData", "anchor_range", "collate", "draft_vocabulary", "sample_anchors", "seed_of"]

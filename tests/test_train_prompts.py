@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 WRITE = (
-    "import json, sys; from specdec import trainsets as ts; "
+    "import json, sys; from specdec.train import prompts as ts; "
     "rows = {'q': ts.stage_questions(200), 'chat': ts.chat_prompts_v2(300), "
     "'code': ts.code_prompts_v2(packages=('idna', 'packaging'))}; "
     "open(sys.argv[1], 'w').write(json.dumps(rows))"

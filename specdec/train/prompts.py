@@ -151,36 +151,6 @@ def _function_prompt(name: str, fn: Any, seen: set[tuple[str, str]], indent: str
     return f'{indent}def {name}{sig}:\n{pad}"""\n{body}\n{pad}"""\n'
 
 
-def stdlib_code_prompts(limit: int | None = None, *, modules: Sequence[str] = STDLIB_MODULES) -> list[str]:
-    """One prompt per documented public stdlib function, in a stable order."""
-    seen: set[tuple[str, str]] = set()
-    prompts = []
-    for mod in _modules(modules):
-        for attr, fn in _own_public(mod, inspect.isfunction):
-            code = _function_prompt(attr, fn, seen)
-            if code:
-                prompts.append(f"Complete the following Python function:\n```python\n{code}```")
-    return prompts[:limit]
-
-
-def stdlib_method_prompts(limit: int | None = None, *, modules: Sequence[str] = STDLIB_MODULES) -> list[str]:
-    """One prompt per documented public method of a public stdlib class, in a stable order."""
-    seen: set[tuple[str, str]] = set()
-    prompts = []
-    for mod in _modules(modules):
-        for cname, cls in _own_public(mod, inspect.isclass):
-            for attr, fn in sorted(vars(cls).items()):
-                if attr.startswith("_") or not inspect.isfunction(fn):
-                    continue
-                code = _function_prompt(attr, fn, seen, indent="    ")
-                if code:
-                    prompts.append(
-                        f"Complete the method of class `{cname}` (module `{mod.__name__}`):\n"
-                        f"```python\nclass {cname}:\n{code}```"
-                    )
-    return prompts[:limit]
-
-
 def chat_prompts(
     n: int, *, seed: int = 0, templates: Sequence[str] = _CHAT_TEMPLATES, exclude: Iterable[str] = ()
 ) -> list[str]:

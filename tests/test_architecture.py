@@ -1,0 +1,87 @@
+"""The shape of the package, checked: imports point one way (no circle, lazy imports inside functions
+included), and runtime code never reaches into `evals` (benchmarks and studies sit on top of it)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: package -> its folder in the repo (bridges/, verifiers/ and evals/ install under specdec)
+ROOTS = {
+    "specdec": "specdec",
+    "specdec.bridges": "bridges",
+    "specdec.verifiers": "verifiers",
+    "specdec.evals": "evals",
+}
+#: the tools on top, which may use `evals` (its datasets, its runner): the command line and training
+ABOVE_EVALS = ("specdec.cli", "specdec.train", "specdec.evals")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg, folder in ROOTS.items():
+        for f in (REPO / folder).rglob("*.py"):
+            parts = [p for p in f.relative_to(REPO / folder).with_suffix("").parts if p != "__init__"]
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules `path` imports, anywhere in the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in modules}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A circle of imports, or None (depth-first search, colouring the modules on the current path)."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return [*path[path.index(n) :], n]
+            if n not in state and (found := visit(n)):
+                return found
+        state[m] = 2
+        path.pop()
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    assert len(graph) > 40 and graph["specdec.api"]  # the walk found the package and its imports
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_the_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_runtime_code_never_imports_evals():
+    bad = {
+        m: sorted(n for n in deps if n.startswith("specdec.evals"))
+        for m, deps in _graph().items()
+        if not m.startswith(ABOVE_EVALS) and any(n.startswith("specdec.evals") for n in deps)
+    }
+    assert not bad, bad
