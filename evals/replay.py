@@ -11,7 +11,7 @@ step is charged the measured time of a verify of its length plus the drafter's t
 The τ a replay gives is the τ the engine measures (tested); the speedup is an estimate from the cost
 table (it leaves out the loop's own overheads, a few percent).
 With `--corpus DIR` it also replays n-grams of the verifier's own answers in a training corpus
-(`specdec.ngram.CorpusNgrams`, the engine's `--corpus`), tried where lookup has nothing, alone and
+(`specdec.drafting.ngrams.CorpusNgrams`, the engine's `--corpus`), tried where lookup has nothing, alone and
 before DFlash blocks at the cut P that is best with `+lookup`. Last comes the engine's `--min-confidence
 auto` with `+lookup` (and the corpus where given): every draft cut by the verify costs measured here.
 
@@ -33,19 +33,12 @@ import torch
 
 from specdec.args import Parser, add_verifier_args, at_least, finite, load_verifier_arg, run_main
 from specdec.costs import VerifyCosts, measure_costs
-from specdec.dflash import DFlashDrafter
+from specdec.drafting.dflash import DFlashDrafter
+from specdec.drafting.lookup import LOOKUP_ACCEPT, Chances, lookup_accept
+from specdec.drafting.mix import LookupFirstDrafter
+from specdec.drafting.ngrams import CorpusNgrams, chances_of, check_corpus, load_corpus_ngrams
+from specdec.drafting.policy import Calibration, Draft, DraftPolicy
 from specdec.engine import DecodeConfig, common_prefix_len
-from specdec.ngram import (
-    LOOKUP_ACCEPT,
-    Calibration,
-    Chances,
-    CorpusNgrams,
-    LookupFirstDrafter,
-    chances_of,
-    check_corpus,
-    cut_by_cost,
-    load_corpus_ngrams,
-)
 from specdec.protocols import Verifier
 
 __all__ = [
@@ -155,32 +148,36 @@ class ReplayResult:
     by_cost: bool = False  # `--min-confidence auto`: every draft cut by verify costs (`replay(cut_by=)`)
 
 
-def _cut(draft: tuple[int, ...], confidence: tuple[float, ...], p: float) -> tuple[int, ...]:
-    if p <= 0:
-        return draft
-    below = np.flatnonzero(np.cumprod(confidence) < p)
-    return draft[: int(below[0])] if len(below) else draft
-
-
-def _by_cost(
+def _step_draft(
     pos: Position,
     k: int,
-    costs: VerifyCosts,
+    policy: DraftPolicy,
     calibration: Calibration,
     future: Sequence[int],
+    *,
+    lookup: bool,
+    dflash: bool,
+    corpus: bool,
     chances: Chances,
-) -> tuple[tuple[int, ...], bool]:
-    """(draft, DFlash ran) of `LookupFirstDrafter` with `costs` and lookup's `chances`, allowed k drafts;
-    `calibration` learns how the draft fares against the verifier's tokens that follow (`future`), as the
-    drafter's does."""
-    cut, source, prior = cut_by_cost(
-        costs, pos.lookup[:k], pos.lookup_ngram, pos.corpus[:k], pos.corpus_share[:k], calibration,
-        chances=chances,
-    )  # fmt: skip
-    if source is not None:
-        calibration.learn(source, prior, common_prefix_len(cut, future))
-        return tuple(cut), False
-    return pos.dflash[: costs.best_length(pos.confidence[:k])], True
+) -> tuple[list[int], bool]:
+    """(draft, DFlash ran) at `pos` under `policy`, as `LookupFirstDrafter` chooses (`DraftPolicy.choose`),
+    allowed k drafts; under verify costs `calibration` learns how the draft fares against the verifier's
+    tokens that follow (`future`), as the drafter's does."""
+    looked = pos.lookup[:k] if lookup else ()
+    looked = Draft(list(looked), "lookup", lookup_accept(pos.lookup_ngram, len(looked), chances))
+    mined = (
+        Draft(list(pos.corpus[:k]), "corpus", list(pos.corpus_share[:k])) if corpus else Draft([], "corpus")
+    )
+    chosen = policy.choose(looked, mined, calibration)
+    if chosen is not None:
+        if policy.costs is not None:
+            calibration.learn(
+                chosen.source, policy.acceptance(chosen), common_prefix_len(chosen.tokens, future)
+            )
+        return chosen.tokens, False
+    if not dflash:
+        return [], False
+    return policy.cut(Draft(list(pos.dflash[:k]), "dflash", list(pos.confidence[:k]))).tokens, True
 
 
 def replay(
@@ -213,6 +210,12 @@ def replay(
     def cost(b: int) -> float:
         return float(np.interp(b, sizes, [costs[s] for s in sizes]))
 
+    by_cost = cut_by is not None  # the engine's --min-confidence auto: every source, cut by verify cost
+    policy = (
+        DraftPolicy(costs=cut_by) if by_cost
+        else DraftPolicy(min_confidence=min_confidence, corpus_cut=corpus or 0.0)
+    )  # fmt: skip
+    sources = dict(lookup=lookup or by_cost, dflash=dflash or by_cost, corpus=corpus is not None or by_cost)
     steps = accepted_plus_one = tokens = 0
     spent = ar = 0.0
     for tr in traces:
@@ -222,15 +225,9 @@ def replay(
         while i < len(out) - 1:
             pos = tr.positions[i]
             k = min(block_size - 1, limit - (i + 1) - 1)  # what the engine lets a step draft
-            mined = _cut(pos.corpus, pos.corpus_share, corpus) if corpus is not None else ()
-            if cut_by is not None:
-                draft, ran = _by_cost(pos, k, cut_by, calibration, out[i + 1 :], lookup_chances)
-            elif lookup and pos.lookup:
-                draft, ran = pos.lookup[:k], False
-            elif mined or not dflash:
-                draft, ran = mined[:k], False
-            else:
-                draft, ran = _cut(pos.dflash, pos.confidence, min_confidence)[:k], True
+            draft, ran = _step_draft(
+                pos, k, policy, calibration, out[i + 1 :], chances=lookup_chances, **sources
+            )
             a = common_prefix_len(draft, out[i + 1 :])
             steps, accepted_plus_one = steps + 1, accepted_plus_one + a + 1
             if costs:

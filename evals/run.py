@@ -356,8 +356,9 @@ def run_eval(
     runners, peer_notes = peer_runners(verifier, cfg) if peers else ({}, {})
     for name, other in (peer_drafters or {}).items():
         runners[name] = drafter_peer(verifier, other, cfg)
-        rt = getattr(other, "runtime", "torch")
-        peer_notes[name] = f"our loop with drafter {other.name!r} in drafter runtime {rt}, interleaved"
+        peer_notes[name] = (
+            f"our loop with drafter {other.name!r} in drafter runtime {other.runtime}, interleaved"
+        )
 
     warm_info: dict[str, Any] | None = None
     if warmup:
@@ -463,7 +464,7 @@ def run_eval(
         "eval": {"datasets": datasets, "turns": turns, "peers": sorted(runners), "n_prompts": len(spec_res)},
         **(config_extra or {}),
     }
-    device = str(getattr(drafter, "device", None) or getattr(verifier, "device", "cpu"))
+    device = str(drafter.device)  # an eval always has a drafter (cmd_eval refuses none)
     result = run_json(
         config=run_config(verifier, drafter, cfg, **extra_cfg),
         results=spec_res,
@@ -538,7 +539,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out)
     print(f"result: {out / 'result.json'}\nreport: {out / 'report.md'}", file=sys.stderr)
     rate = result["eval"]["overall"]["match_rate"]
-    exact = verifier.dtype == "float32" or getattr(verifier, "batch_invariant", False)
+    exact = verifier.dtype == "float32" or verifier.batch_invariant
     if rate is not None and rate < 1 and exact:
         if sampling.greedy:
             print(

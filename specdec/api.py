@@ -20,7 +20,7 @@ from specdec.bundled import bundled_corpus, bundled_drafter
 from specdec.chat import encode_prompt
 from specdec.costs import VerifyCosts
 from specdec.engine import DecodeConfig, check_request, generate
-from specdec.protocols import Drafter, Verifier
+from specdec.protocols import Describes, Drafter, Verifier
 from specdec.records import (
     JsonlWriter,
     PromptResult,
@@ -92,7 +92,7 @@ def load_verifier_auto(
     at load: speculation would not be exact), the model is loaded again in fp32."""
     name, why = resolve_dtype(dtype, runtime, device)
     verifier = load_verifier(runtime, model, dtype=name, device=device)
-    if dtype == "auto" and name != "float32" and not getattr(verifier, "batch_invariant", False):
+    if dtype == "auto" and name != "float32" and not verifier.batch_invariant:
         del verifier
         why = f"a {name} verify of this model is not batch-invariant here (measured at load): not exact"
         name, verifier = "float32", load_verifier(runtime, model, dtype="float32", device=device)
@@ -176,7 +176,7 @@ def check_drafter(spec: str | None) -> Path | None:
         path = resolve_drafter(spec)  # a local folder as it is; a hub repo id from the hub cache
     if not (path / "config.json").is_file():
         raise ValueError(f"drafter {spec!r}: expected 'none', 'prompt-lookup' or a DFlash checkpoint folder")
-    from specdec.checkpoint import check_checkpoint
+    from specdec.drafting.checkpoint import check_checkpoint
 
     check_checkpoint(path)
     return path
@@ -189,7 +189,7 @@ def check_drafter_fits(spec: str | None, model: str | None) -> None:
     import json
     from types import SimpleNamespace
 
-    from specdec.checkpoint import check_target, load_config
+    from specdec.drafting.checkpoint import check_target, load_config
     from specdec.models import MODELS, model_dir
 
     path = check_drafter(spec)
@@ -227,21 +227,22 @@ def load_drafter(
     DFlash spec ending in "+lookup" drafts by prompt lookup where the text repeats and with DFlash elsewhere
     (`LookupFirstDrafter`). `min_confidence` cuts DFlash blocks where the drafter's running top-1
     probability falls below it (worth it where verifying several tokens costs much more than one).
-    `runtime` "mlx" runs a DFlash drafter in MLX itself (`specdec.dflash_mlx`, with an MLX verifier:
+    `runtime` "mlx" runs a DFlash drafter in MLX itself (`specdec.drafting.dflash_mlx`, with an MLX verifier:
     nothing crosses to torch); "torch" (default) the PyTorch drafter on `device`. `corpus`, a corpus
     folder of this verifier's own answers (e.g. `bundled_corpus(model)`), makes a "+lookup" drafter try
     their n-grams where lookup has nothing, cut at running share `corpus_cut` (`LookupFirstDrafter`).
     `costs` (`specdec.costs.VerifyCosts`, instead of `min_confidence`) cuts every draft where it commits
     the most tokens per verify cost; a "+lookup" drafter then picks the better of lookup and corpus."""
+    from specdec.drafting.policy import DraftPolicy
+
     if runtime not in DRAFTER_RUNTIMES:
         raise ValueError(f"unknown drafter runtime {runtime!r}; choose one of {DRAFTER_RUNTIMES}")
+    policy = DraftPolicy(min_confidence=min_confidence, corpus_cut=corpus_cut, costs=costs)  # checked here
     if corpus is not None:
-        from specdec.ngram import check_corpus
+        from specdec.drafting.ngrams import check_corpus
 
-        check_corpus(corpus, drafter=str(spec), cut=corpus_cut)  # before the drafter loads
+        check_corpus(corpus, drafter=str(spec))  # before the drafter loads
     check_device_dtype(device, torch_dtype(dtype))
-    if min_confidence and costs is not None:
-        raise ValueError("give min_confidence or verify costs, not both: each sets where drafts are cut")
     if (min_confidence or costs) and (
         spec in (None, "none") or spec.removesuffix("+lookup") == "prompt-lookup"
     ):
@@ -250,7 +251,8 @@ def load_drafter(
     if spec in (None, "none"):
         return None
     if spec.endswith("+lookup"):
-        from specdec.ngram import LookupFirstDrafter, load_corpus_ngrams
+        from specdec.drafting.mix import LookupFirstDrafter
+        from specdec.drafting.ngrams import load_corpus_ngrams
 
         inner = load_drafter(
             spec.removesuffix("+lookup"), verifier=verifier, block_size=block_size, device=device,
@@ -259,27 +261,23 @@ def load_drafter(
         if inner is None or inner.name == "prompt-lookup":
             raise ValueError(f"drafter {spec!r}: '+lookup' goes after a DFlash drafter")
         ngrams = load_corpus_ngrams(corpus, verifier) if corpus is not None else None
-        return LookupFirstDrafter(
-            inner, block_size=block_size, corpus=ngrams, corpus_cut=corpus_cut, costs=costs
-        )
+        return LookupFirstDrafter(inner, block_size=block_size, corpus=ngrams, policy=policy)
     path = check_drafter(spec)
     if path is None:
-        from specdec.ngram import PromptLookupDrafter
+        from specdec.drafting.lookup import PromptLookupDrafter
 
         drafter: Drafter = PromptLookupDrafter(block_size=block_size)
     else:
         if runtime == "mlx":
-            from specdec.dflash_mlx import MLXDFlashDrafter
+            from specdec.drafting.dflash_mlx import MLXDFlashDrafter
 
             name = str(torch_dtype(dtype)).removeprefix("torch.")  # "bf16" -> "bfloat16"
-            drafter = MLXDFlashDrafter.from_pretrained(
-                path, dtype=name, min_confidence=min_confidence, costs=costs
-            )
+            drafter = MLXDFlashDrafter.from_pretrained(path, dtype=name, policy=policy)
         else:
-            from specdec.dflash import DFlashDrafter
+            from specdec.drafting.dflash import DFlashDrafter
 
             drafter = DFlashDrafter.from_pretrained(
-                path, device=device, dtype=torch_dtype(dtype), min_confidence=min_confidence, costs=costs
+                path, device=device, dtype=torch_dtype(dtype), policy=policy
             )
         if spec.startswith("bundled:"):
             drafter.name = f"{spec.removeprefix('bundled:')}-dflash"
@@ -298,26 +296,19 @@ def run_config(
             "model": verifier.model_name,
             "dtype": verifier.dtype,
             # a verify of several tokens equals one-token steps bit for bit (see specdec.kernels)
-            "batch_invariant": getattr(verifier, "batch_invariant", None),
+            "batch_invariant": verifier.batch_invariant,
         },
         "drafter": None
         if drafter is None
         else {
             "name": drafter.name,
-            "runtime": getattr(drafter, "runtime", "torch"),
+            "runtime": drafter.runtime,
             "block_size": drafter.block_size,
             "target_layer_ids": list(drafter.target_layer_ids),
-            "path": getattr(drafter, "path", None),
-            # DFlash block cut-off (see DFlashDrafter); a lookup-first drafter reports its inner one's
-            "min_confidence": getattr(getattr(drafter, "drafter", drafter), "min_confidence", None),
-            # drafts cut where they commit most per verify cost (specdec.costs), None without
-            "costs": c.to_json() if (c := getattr(drafter, "costs", None)) is not None else None,
-            # corpus n-grams tried where lookup has nothing (LookupFirstDrafter), None without
-            "corpus": {"path": c.source, "cut": drafter.corpus_cut}
-            if (c := getattr(drafter, "corpus", None)) is not None
-            else None,
-            # a lookup-first drafter's proposals by source since it was loaded (an eval's warm-up too)
-            "proposals": dict(drafter.counts) if hasattr(drafter, "counts") else None,
+            # where it was loaded from, how its drafts are cut, which corpus, proposals by source: what
+            # the drafter says of itself (`specdec.protocols.Describes`), None where it has none of these
+            **dict.fromkeys(("path", "min_confidence", "costs", "corpus", "proposals")),
+            **(drafter.describe() if isinstance(drafter, Describes) else {}),
         },
         "block_size": cfg.block_size if drafter is not None else 1,
         "temperature": cfg.sampling.temperature if cfg.sampling else 0.0,

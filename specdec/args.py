@@ -208,7 +208,7 @@ def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int
     check_device_dtype(args.device, None if args.dtype == "auto" else torch_dtype(args.dtype))
     table, auto_block, auto_p = _cost_table(args)  # before any load
     if args.corpus is not None:
-        from specdec.ngram import check_corpus
+        from specdec.drafting.ngrams import check_corpus
 
         check_corpus(args.corpus, drafter=args.drafter)
     check_drafter_fits(args.drafter, args.model if args.verifier != "stub" else None)

@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_args(e)
     e.set_defaults(func=cmd_eval)
 
-    from specdec.server import add_serve_args, cmd_serve
+    from specdec.serve import add_serve_args, cmd_serve
     from specdec.train import add_train_args, cmd_train
 
     t = sub.add_parser("train", help="build a dataset with a verifier, train a DFlash drafter (torchrun ok)")

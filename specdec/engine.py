@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from specdec.memory import unmeasured
-from specdec.protocols import Drafter, Verifier, check_compatible
+from specdec.protocols import Drafter, NativeFeatures, SampledProposals, Verifier, check_compatible
 from specdec.records import JsonlWriter, PromptResult, StepRecord
 from specdec.sampling import Sampler, SamplingParams
 
@@ -86,11 +86,12 @@ def check_request(
 def _features(verifier: Verifier, drafter: Drafter, n: int) -> Any:
     if not drafter.target_layer_ids:  # a drafter that needs no features (prompt lookup, tests)
         return torch.empty(n, 0, device=drafter.device, dtype=drafter.dtype)
-    if getattr(drafter, "runtime", "torch") == verifier.runtime:  # a drafter of the verifier's own runtime
-        return verifier.native_features(n)  # type: ignore[attr-defined]
+    if drafter.runtime == verifier.runtime and isinstance(verifier, NativeFeatures):  # no conversion
+        return verifier.native_features(n)
     return verifier.features(n, device=drafter.device, dtype=drafter.dtype)
 
 
+# long: the loop is the engine; read top to bottom it shows every phase of a step and where its time goes
 def decode(
     verifier: Verifier,
     prompt: Sequence[int],
@@ -165,7 +166,7 @@ def decode(
         t0 = clock()
         if k > 0:
             dprobe.reset()
-            if sampler and sp.proposal == "sample" and hasattr(drafter, "propose_logits"):
+            if sampler and sp.proposal == "sample" and isinstance(drafter, SampledProposals):
                 draft, q = sampler.propose(drafter.propose_logits(token, k), pos)
             else:
                 draft = drafter.propose(token, k)

@@ -10,6 +10,12 @@ positions of that call, concatenated over layers, as a torch tensor on the draft
 A `Drafter` keeps an append-only context of those features (one row per verified position) and
 proposes up to n tokens that follow the last committed token. Nothing here imports mlx or
 transformers: runtimes live in `specdec.verifiers` / `specdec.bridges` and load lazily.
+
+What some verifiers or drafters can also do is declared here too, as protocols of their own that callers
+test with `isinstance`: `NativeFeatures` (features in the verifier's own arrays, for a drafter of its
+runtime), `SampledProposals` (a drafter's logits, for sampled drafts at T > 0), `Describes` (what the
+result JSON records about it), `BatchFeatures` and `BatchGeneration` (what training uses when a verifier
+has them).
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ class Verifier(Protocol):
     runtime: str  # "stub" | "hf" | "mlx"
     model_name: str
     dtype: str
+    #: a verify of several tokens gives each position bit for bit the logits one-token steps give, on
+    #: this model here (measured at load; speculative output then equals autoregressive output exactly)
+    batch_invariant: bool
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -132,6 +141,7 @@ class Drafter(Protocol):
     """Proposes a block of tokens conditioned on verifier features of the committed context."""
 
     name: str
+    runtime: str  # whose arrays its features arrive as: "torch", or a verifier runtime's ("mlx")
     block_size: int  # proposes at most block_size - 1 tokens per step
     target_layer_ids: tuple[int, ...]
     feature_dim: int  # K*H it expects per position; 0 if it needs no features
@@ -159,6 +169,50 @@ class Drafter(Protocol):
     def rollback(self, n: int) -> None: ...
 
     def memory_probe(self) -> MemoryProbe: ...
+
+
+@runtime_checkable
+class NativeFeatures(Protocol):
+    """A verifier that hands features as its own runtime's arrays (no conversion) to a drafter of that
+    runtime (`Drafter.runtime == Verifier.runtime`)."""
+
+    def native_features(self, n: int) -> Any:
+        """`features(n)` as this runtime's array [n, K*H]."""
+        ...
+
+
+@runtime_checkable
+class SampledProposals(Protocol):
+    """A drafter whose proposals come from logits it can give, so drafts can be sampled at T > 0
+    (`--proposal sample`); others are verified as point-mass drafts."""
+
+    def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
+        """Logits [n, V] of the next n positions after `last_token`."""
+        ...
+
+
+@runtime_checkable
+class Describes(Protocol):
+    """A drafter that says what the result JSON's `config.drafter` records about it beyond the protocol's
+    fields: e.g. `path`, `min_confidence`, `costs`, `corpus`, `proposals`."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class BatchFeatures(Protocol):
+    """A verifier that computes teacher-forced features of a batch (training's online features)."""
+
+    def batch_features(
+        self, ids: torch.Tensor, layer_ids: Sequence[int], *, topk: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]: ...
+
+
+@runtime_checkable
+class BatchGeneration(Protocol):
+    """A verifier that answers many prompts greedily at once (building a training corpus)."""
+
+    def generate_many(self, items: Any, *, max_len: int, rows: int = 128) -> Any: ...
 
 
 def check_compatible(verifier: Verifier, drafter: Drafter) -> None:

@@ -34,6 +34,7 @@ class ScriptedDrafter:
     a different token. With `wrong_at=()` it is an oracle (everything accepted)."""
 
     name = "scripted"
+    runtime = "torch"
     vocab_size = None
 
     def __init__(

@@ -85,3 +85,22 @@ def test_runtime_code_never_imports_evals():
         if not m.startswith(ABOVE_EVALS) and any(n.startswith("specdec.evals") for n in deps)
     }
     assert not bad, bad
+
+
+#: the runtime's folders: functions stay under this many lines unless the comment line right above says why
+MAX_LINES, RUNTIME_FOLDERS = 80, ("specdec", "verifiers", "bridges")
+
+
+def test_runtime_functions_fit_a_screen():
+    long = []
+    for folder in RUNTIME_FOLDERS:
+        for f in sorted((REPO / folder).rglob("*.py")):
+            lines = f.read_text().splitlines()
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                why = top >= 2 and lines[top - 2].strip().startswith("# long:")
+                if node.end_lineno - node.lineno + 1 > MAX_LINES and not why:
+                    long.append(f"{f.relative_to(REPO)}:{node.lineno} {node.name}")
+    assert not long, long

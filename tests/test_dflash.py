@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import FULL, SLIDING, DFlashConfig
-from specdec.dflash import BlockProposal, DFlashDrafter, DFlashDraftModel, DFlashProposer
+from specdec.drafting.checkpoint import FULL, SLIDING, DFlashConfig
+from specdec.drafting.dflash import BlockProposal, DFlashDrafter, DFlashDraftModel, DFlashProposer
+from specdec.drafting.policy import DraftPolicy
 from specdec.engine import DecodeConfig, generate
 from specdec.protocols import Drafter
 from specdec.verifiers.stub import StubVerifier
@@ -422,7 +423,7 @@ def test_min_confidence_cuts_where_the_running_probability_falls(rows):
     """The gated block is the greedy block cut before the first position whose running product of
     top-1 probabilities is below the threshold, computed here the slow way from the full logits."""
     verifier = StubVerifier()
-    gated = DFlashDrafter(make_model(stub_cfg(draft_vocab=rows)), min_confidence=0.3)
+    gated = DFlashDrafter(make_model(stub_cfg(draft_vocab=rows)), policy=DraftPolicy(min_confidence=0.3))
     gated.bind(verifier)
     feats = torch.randn(9, gated.feature_dim, generator=torch.Generator().manual_seed(4))
     gated.extend(feats, list(range(9)))
@@ -436,17 +437,17 @@ def test_min_confidence_cuts_where_the_running_probability_falls(rows):
         cuts.add(keep)
     assert len(cuts) > 1  # the threshold really cuts at different places for this model
     with pytest.raises(ValueError, match="min_confidence"):
-        DFlashDrafter(make_model(stub_cfg()), min_confidence=1.5)
+        DFlashDrafter(make_model(stub_cfg()), policy=DraftPolicy(min_confidence=1.5))
 
 
 def test_gated_and_lookup_first_drafters_stay_exact():
-    from specdec.ngram import LookupFirstDrafter
+    from specdec.drafting.mix import LookupFirstDrafter
 
     verifier = StubVerifier()
     prompt = verifier.tokenizer.encode("the cat sat on the mat; the cat sat on the")
     base = generate(verifier, prompt, cfg=DecodeConfig(max_new_tokens=60, block_size=1))
     for thr in (0.0, 0.2, 1.0):
-        inner = DFlashDrafter(make_model(stub_cfg()), min_confidence=thr)
+        inner = DFlashDrafter(make_model(stub_cfg()), policy=DraftPolicy(min_confidence=thr))
         hybrid = LookupFirstDrafter(inner, block_size=16)
         assert isinstance(hybrid, Drafter) and hybrid.block_size == 16 and hybrid.name == "dflash+lookup"
         hybrid.bind(verifier)
@@ -461,12 +462,12 @@ def test_gated_and_lookup_first_drafters_stay_exact():
 
 def test_load_drafter_lookup_suffix(tmp_path):
     from specdec.api import load_drafter
-    from specdec.ngram import LookupFirstDrafter
+    from specdec.drafting.mix import LookupFirstDrafter
 
     verifier = StubVerifier()
     DFlashDrafter(make_model(stub_cfg())).save_pretrained(tmp_path / "d")
     d = load_drafter(f"{tmp_path / 'd'}+lookup", verifier=verifier, block_size=12, min_confidence=0.5)
-    assert isinstance(d, LookupFirstDrafter) and d.block_size == 12 and d.drafter.min_confidence == 0.5
+    assert isinstance(d, LookupFirstDrafter) and d.block_size == 12 and d.drafter.policy.min_confidence == 0.5
     d.propose(1, 11)  # bound: the inner drafter took the verifier's callbacks
     for bad in ("prompt-lookup+lookup", "none+lookup"):
         with pytest.raises(ValueError, match="lookup"):

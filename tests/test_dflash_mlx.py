@@ -16,10 +16,11 @@ from drafters import greedy_reference
 pytest.importorskip("mlx_lm")
 import mlx.core as mx
 
-from specdec.checkpoint import DFlashConfig
 from specdec.costs import VerifyCosts
-from specdec.dflash import DFlashDrafter, DFlashDraftModel
-from specdec.dflash_mlx import MLXDFlashDrafter
+from specdec.drafting.checkpoint import DFlashConfig
+from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
+from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+from specdec.drafting.policy import DraftPolicy
 from specdec.engine import DecodeConfig, generate
 from specdec.verifiers.mlx import MLXVerifier
 
@@ -92,7 +93,7 @@ def test_same_tokens_and_acceptance_end_to_end(tmp_path):
     a, b = generate(v, prompt, drafter=t, cfg=cfg), generate(v, prompt, drafter=m, cfg=cfg)
     assert a.output_tokens == b.output_tokens == greedy_reference(v, prompt, 40)
     assert [s.acceptance_length for s in a.steps] == [s.acceptance_length for s in b.steps]
-    t.costs = m.costs = VerifyCosts((1.0, 1.0, 1.4, 1.1, 1.6, 2.0), "t")  # both cut by the same costs
+    t.policy = m.policy = DraftPolicy(costs=VerifyCosts((1.0, 1.0, 1.4, 1.1, 1.6, 2.0), "t"))  # both alike
     a, b = generate(v, prompt, drafter=t, cfg=cfg), generate(v, prompt, drafter=m, cfg=cfg)
     assert a.output_tokens == b.output_tokens == greedy_reference(v, prompt, 40)
     assert [s.drafted for s in a.steps] == [s.drafted for s in b.steps]

@@ -19,8 +19,8 @@ import torch
 from tinymodels import tiny_gemma3, tiny_tokenizer
 
 from specdec.args import run_command
-from specdec.checkpoint import DFlashConfig, save_checkpoint
 from specdec.cli import main
+from specdec.drafting.checkpoint import DFlashConfig, save_checkpoint
 from specdec.models import GEMMA3_CHAT_TEMPLATE
 from specdec.protocols import RollbackError
 from specdec.stream import ChatSession, Engine
@@ -110,7 +110,7 @@ def test_an_internal_error_is_that_requests_500(monkeypatch):
 def test_a_dead_worker_shows_in_health_and_calls_on_death():
     from starlette.testclient import TestClient
 
-    from specdec.server import build_app
+    from specdec.serve import build_app
 
     class Poison:  # not a Job: the worker loop itself (outside any request) fails on it
         @property
@@ -134,7 +134,7 @@ def test_stop_returns_promptly_with_a_full_queue():
     import asyncio
 
     from specdec.sampling import SamplingParams
-    from specdec.server import Job, Worker, parse_request
+    from specdec.serve import Job, Worker, parse_request
 
     class Slow(StubVerifier):
         def verify(self, *a, **kw):
@@ -160,7 +160,7 @@ def test_stop_returns_promptly_with_a_full_queue():
 
 
 def test_max_queue_zero_means_no_waiting():
-    from specdec.server import Worker
+    from specdec.serve import Worker
 
     w = Worker(Engine(StubVerifier()), max_queue=0)
     w.busy = True  # pretend a request is running
@@ -274,7 +274,7 @@ def test_block_size_defaults_to_the_drafters(tmp_path, capsys):
     import argparse
 
     from specdec.args import load_models
-    from specdec.server import add_serve_args
+    from specdec.serve import add_serve_args
 
     p = argparse.ArgumentParser()
     add_serve_args(p)
@@ -420,7 +420,7 @@ def test_interrupt_is_exit_1_and_os_errors_are_one_line(capsys):
 
 
 def test_init_from_a_truncated_checkpoint_is_an_error(tmp_path):
-    from specdec.checkpoint import load_checkpoint
+    from specdec.drafting.checkpoint import load_checkpoint
 
     folder = _stub_drafter_folder(tmp_path / "d")
     _truncate(folder / "model.safetensors")

@@ -8,7 +8,7 @@ import sys
 
 def test_import_specdec_is_light():
     code = (
-        "import sys, specdec, specdec.api, specdec.cli, specdec.engine, specdec.stream, specdec.server\n"
+        "import sys, specdec, specdec.api, specdec.cli, specdec.engine, specdec.stream, specdec.serve\n"
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
         "{'mlx', 'mlx_lm', 'transformers', 'starlette', 'uvicorn', 'matplotlib'})\n"
         "print(','.join(heavy))"

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.ngram import CorpusNgrams
+from specdec.drafting.ngrams import CorpusNgrams
 
 
 def reference(seqs, max_order, min_count):
@@ -92,7 +92,7 @@ def test_chain_stops_below_its_cut():
 
 
 def test_calibration_scales_by_what_a_request_showed():
-    from specdec.ngram import Calibration
+    from specdec.drafting.policy import Calibration
 
     cal = Calibration(prior=4.0)
     assert cal.factor("lookup") == 1.0 and cal.scale("lookup", [0.5, 0.9]) == [0.5, 0.9]
@@ -110,28 +110,30 @@ def test_calibration_scales_by_what_a_request_showed():
 
 def test_calibration_lengthens_a_cut_where_drafts_keep_being_accepted():
     from specdec.costs import VerifyCosts
-    from specdec.ngram import Calibration, cut_by_cost, lookup_accept
+    from specdec.drafting.lookup import lookup_accept
+    from specdec.drafting.policy import Calibration, Draft, DraftPolicy
 
-    costs = VerifyCosts((1.0, 1.2, 1.5, 1.8, 2.1), "t")
+    policy = DraftPolicy(costs=VerifyCosts((1.0, 1.2, 1.5, 1.8, 2.1), "t"))
     cal = Calibration()
-    lookup = [1, 2, 3, 4]
-    before = cut_by_cost(costs, lookup, 2, [], [], cal)
-    assert before[1] == "lookup" and len(before[0]) < 4  # 2-gram chances 0.56, 0.63, ...: cut short
+    lookup, nothing = Draft([1, 2, 3, 4], "lookup", lookup_accept(2, 4)), Draft([], "corpus")
+    before = policy.choose(lookup, nothing, cal)
+    assert before.source == "lookup" and len(before.tokens) < 4  # 2-gram chances 0.56, 0.63, ...: cut short
     for _ in range(20):
-        cal.learn("lookup", before[2], accepted=len(before[2]))
-    after = cut_by_cost(costs, lookup, 2, [], [], cal)
-    assert after == (lookup, "lookup", lookup_accept(2, 4))  # the chances come back uncalibrated
+        cal.learn("lookup", policy.acceptance(before), accepted=len(before.tokens))
+    after = policy.choose(lookup, nothing, cal)
+    assert after == Draft([1, 2, 3, 4], "lookup", lookup_accept(2, 4))  # the chances come back uncalibrated
     cal.reset()
     for _ in range(40):  # every draft rejected at once: lookup stops being worth verifying
-        cal.learn("lookup", before[2], accepted=0)
-    assert cut_by_cost(costs, lookup, 2, [], [], cal) == ([], None, [])
+        cal.learn("lookup", policy.acceptance(before), accepted=0)
+    assert policy.choose(lookup, nothing, cal) is None
 
 
 def test_lookup_follows_the_longest_match():
     """`LookupFirstDrafter` proposes what followed the longest earlier match, not the latest short one, and
     prices it by that length (a match longer than the table's last row takes that row)."""
-    from specdec.ngram import LOOKUP_ACCEPT, LOOKUP_NGRAMS, LookupFirstDrafter, PromptLookupDrafter
-    from specdec.ngram import lookup_accept as chances
+    from specdec.drafting.lookup import LOOKUP_ACCEPT, LOOKUP_NGRAMS, PromptLookupDrafter
+    from specdec.drafting.lookup import lookup_accept as chances
+    from specdec.drafting.mix import LookupFirstDrafter
 
     lookup = LookupFirstDrafter(PromptLookupDrafter(block_size=4), block_size=4).lookup
     ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 6, 7, 8, 30, 31]  # 6 7 8 recurs, but only 1..8 matches below
@@ -144,8 +146,9 @@ def test_lookup_follows_the_longest_match():
 def test_lookup_chances_are_what_the_bundled_corpus_shows(capsys):
     """`LOOKUP_ACCEPT` is reproducible: `python -m specdec.evals.chances` on the bundled corpus prints it,
     and loading that corpus for the engine measures the same."""
+    from specdec.drafting.lookup import LOOKUP_ACCEPT
+    from specdec.drafting.ngrams import check_corpus, load_corpus_ngrams
     from specdec.evals.chances import main
-    from specdec.ngram import LOOKUP_ACCEPT, check_corpus, load_corpus_ngrams
 
     corpus = "bundled:smollm2-135m"  # the folder shipped in the package, found from any directory
     assert main(["--corpus", corpus]) == 0
@@ -158,7 +161,9 @@ def test_a_corpus_prices_lookup_by_its_own_chances():
     """`LookupFirstDrafter` with a corpus that carries lookup chances cuts lookup's drafts by them (a row
     it lacks falls back to `LOOKUP_ACCEPT`)."""
     from specdec.costs import VerifyCosts
-    from specdec.ngram import LOOKUP_ACCEPT, LookupFirstDrafter, PromptLookupDrafter, lookup_accept
+    from specdec.drafting.lookup import LOOKUP_ACCEPT, PromptLookupDrafter, lookup_accept
+    from specdec.drafting.mix import LookupFirstDrafter
+    from specdec.drafting.policy import DraftPolicy
 
     costs = VerifyCosts.from_seconds({1: 1.0, 2: 1.0, 4: 1.1, 8: 1.3, 16: 2.0}, source="test")
     table = CorpusNgrams([[1, 2, 3]])
@@ -166,7 +171,8 @@ def test_a_corpus_prices_lookup_by_its_own_chances():
     drafts = {}
     for name, chances in (("sure", {2: (1.0,)}), ("never", {2: (0.0,)}), ("default", None)):
         table.lookup_chances = chances
-        d = LookupFirstDrafter(PromptLookupDrafter(block_size=16), block_size=16, corpus=table, costs=costs)
+        policy = DraftPolicy(costs=costs)
+        d = LookupFirstDrafter(PromptLookupDrafter(block_size=16), block_size=16, corpus=table, policy=policy)
         d.extend(None, ids[:-1])
         drafts[name] = d.propose(ids[-1], 15), max(d.counts, key=d.counts.get)  # (draft, its source)
     assert drafts["sure"] == ([7, 8, 9, 10, 11, 12, 5, 6], "lookup")
@@ -176,7 +182,7 @@ def test_a_corpus_prices_lookup_by_its_own_chances():
 
 
 def test_lookup_chances_of_a_text_that_repeats_itself():
-    from specdec.ngram import lookup_chances
+    from specdec.drafting.lookup import lookup_chances
 
     prompt = list(range(100, 140))
     got = lookup_chances([(prompt, prompt * 2)], min_tries=1)

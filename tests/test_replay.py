@@ -10,15 +10,17 @@ import pytest
 import torch
 from test_dflash import make_model, stub_cfg
 
-from specdec.dflash import DFlashDrafter
+from specdec.drafting.dflash import DFlashDrafter
+from specdec.drafting.mix import LookupFirstDrafter
+from specdec.drafting.ngrams import CorpusNgrams
+from specdec.drafting.policy import DraftPolicy
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.replay import Position, Trace, first_draft_agreement, measure_costs, record, replay
-from specdec.ngram import CorpusNgrams, LookupFirstDrafter
 from specdec.verifiers.stub import StubVerifier
 
 
 def engine_tau(verifier, model, prompt, *, p, lookup, n):
-    drafter = DFlashDrafter(model, min_confidence=p)
+    drafter = DFlashDrafter(model, policy=DraftPolicy(min_confidence=p))
     drafter.bind(verifier)
     bs = 16 if lookup else drafter.block_size
     if lookup:
@@ -230,9 +232,11 @@ def test_corpus_policy_equals_the_engine_on_the_stub():
     assert any(p.corpus and not p.lookup for p in trace.positions)  # the corpus path is exercised
     for cut in (0.0, 0.5, 0.9):
         for p in (0.0, 1.0):  # whole DFlash blocks after the corpus; none (nothing reaches confidence 1)
-            inner = DFlashDrafter(drafter.model, min_confidence=p)
+            inner = DFlashDrafter(drafter.model, policy=DraftPolicy(min_confidence=p))
             inner.bind(verifier)
-            engine = LookupFirstDrafter(inner, block_size=16, corpus=table, corpus_cut=cut)
+            engine = LookupFirstDrafter(
+                inner, block_size=16, corpus=table, policy=DraftPolicy(corpus_cut=cut)
+            )
             res = generate(verifier, prompt, drafter=engine, cfg=replace(cfg, block_size=16))
             assert res.output_tokens == base
             assert engine.counts["corpus"] > 0 and engine.name.endswith("+lookup+corpus")
@@ -267,11 +271,11 @@ def test_cost_cut_policy_equals_the_engine_on_the_stub(relative):
     prompt = verifier.tokenizer.encode("speculative decoding, speculative decoding")
     base = generate(verifier, prompt, cfg=cfg).output_tokens
     costs = VerifyCosts(relative, "test")
-    inner = DFlashDrafter(make_model(stub_cfg()), costs=costs)
+    inner = DFlashDrafter(make_model(stub_cfg()), policy=DraftPolicy(costs=costs))
     inner.bind(verifier)
     trace = record(verifier, inner, prompt, base, corpus=table)
     assert any(p.lookup_ngram == 3 for p in trace.positions) and any(p.corpus for p in trace.positions)
-    engine = LookupFirstDrafter(inner, block_size=16, corpus=table, costs=costs)
+    engine = LookupFirstDrafter(inner, block_size=16, corpus=table, policy=DraftPolicy(costs=costs))
     res = generate(verifier, prompt, drafter=engine, cfg=replace(cfg, block_size=16))
     assert res.output_tokens == base
     r = replay([trace], min_confidence=0.0, cut_by=costs, block_size=16, max_new_tokens=40)
@@ -285,13 +289,15 @@ def test_cost_cut_policy_equals_the_engine_on_the_stub(relative):
 
 def test_lookup_first_drafter_calibrates_per_request_from_its_commits():
     from specdec.costs import VerifyCosts
-    from specdec.ngram import PromptLookupDrafter
+    from specdec.drafting.lookup import PromptLookupDrafter
 
     verifier = StubVerifier()
     cfg = DecodeConfig(max_new_tokens=40, block_size=16)
     prompt = verifier.tokenizer.encode("speculative decoding, speculative decoding")
     base = generate(verifier, prompt, cfg=replace(cfg, block_size=1)).output_tokens
-    engine = LookupFirstDrafter(PromptLookupDrafter(), costs=VerifyCosts((1.0, 1.2, 1.5, 1.8), "t"))
+    engine = LookupFirstDrafter(
+        PromptLookupDrafter(), policy=DraftPolicy(costs=VerifyCosts((1.0, 1.2, 1.5, 1.8), "t"))
+    )
     first = generate(verifier, prompt, drafter=engine, cfg=cfg)
     learnt = engine.calibration.factor("lookup")
     assert first.output_tokens == base and engine.counts["lookup"] > 0 and learnt != 1.0

@@ -19,8 +19,8 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from specdec.ngram import PromptLookupDrafter  # noqa: E402
-from specdec.server import build_app  # noqa: E402
+from specdec.drafting.lookup import PromptLookupDrafter  # noqa: E402
+from specdec.serve import build_app  # noqa: E402
 from specdec.stream import Engine  # noqa: E402
 from specdec.verifiers.stub import StubVerifier  # noqa: E402
 

@@ -17,8 +17,8 @@ import pytest
 from drafters import ScriptedDrafter
 
 from specdec.chat import encode_prompt
+from specdec.drafting.lookup import PromptLookupDrafter
 from specdec.engine import DecodeConfig, generate
-from specdec.ngram import PromptLookupDrafter
 from specdec.sampling import SamplingParams
 from specdec.stream import ChatSession, Detokenizer, Engine, text_decoder
 from specdec.verifiers.stub import EOS, ByteTokenizer, StubVerifier

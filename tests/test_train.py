@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.dflash import DFlashDrafter, DFlashDraftModel
+from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
 from specdec.engine import DecodeConfig, generate
 from specdec.train import (
     Batch,

@@ -25,7 +25,7 @@ from typing import Any
 
 from specdec.chat import check_messages, encode_prompt
 from specdec.corpus import Corpus, Messages, Row, TrainSequence, read_rows, write_rows
-from specdec.protocols import Verifier
+from specdec.protocols import BatchGeneration, Verifier
 
 __all__ = ["Corpus", "TrainSequence", "build_default", "build_from_prompts", "build_stage", "load_prompts"]
 
@@ -34,7 +34,7 @@ def _answers(
     verifier: Verifier, items: Iterator[tuple[Any, list[int], int]], *, max_len: int, rows: int
 ) -> Iterator[tuple[Any, list[int]]]:
     """(key, greedy response) for (key, prompt ids, budget) items, in any order."""
-    if hasattr(verifier, "generate_many"):
+    if isinstance(verifier, BatchGeneration):
         yield from verifier.generate_many(items, max_len=max_len, rows=rows)
         return
     from specdec.engine import DecodeConfig, generate

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.protocols import Verifier
+from specdec.protocols import BatchFeatures, Verifier
 
 __all__ = ["TargetFeatures"]
 
@@ -35,7 +35,7 @@ class TargetFeatures:
         top-k log-probs [B, T, k] and ids [B, T, k] (None without topk); values at padding positions are
         unspecified (no anchor block ever reads them)."""
         v = self.verifier
-        if hasattr(v, "batch_features"):
+        if isinstance(v, BatchFeatures):
             feats, lp, ti = v.batch_features(ids, self.layer_ids, topk=self.topk)
             move = lambda t: None if t is None else t.to(device)  # noqa: E731
             return feats.to(device, torch.float32), move(lp), move(ti)

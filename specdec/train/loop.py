@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.checkpoint import DFlashConfig, load_checkpoint, load_config, save_checkpoint
+from specdec.drafting.checkpoint import DFlashConfig, load_checkpoint, load_config, save_checkpoint
 from specdec.protocols import EmbedFn, LMHeadFn, Verifier
 from specdec.train.data import (
     TrainData,
@@ -145,7 +145,7 @@ class TrainConfig:
 
 def default_layer_ids(num_layers: int) -> tuple[int, ...]:
     """min(5, L-3) layers evenly spaced from 1 to L-3 (the public default); L//2 for tiny targets."""
-    from specdec.checkpoint import default_target_layer_ids
+    from specdec.drafting.checkpoint import default_target_layer_ids
 
     return default_target_layer_ids(num_layers, max(1, min(5, num_layers - 3)))
 
@@ -176,7 +176,7 @@ def acceptance_length(
 ) -> dict[str, Any]:
     """Mean acceptance length (bonus included) of `specdec.engine.generate` with `drafter` over token-id
     prompts; `drafter` is a DFlashDrafter, a DFlashDraftModel or a checkpoint folder."""
-    from specdec.dflash import DFlashDrafter, DFlashDraftModel
+    from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
     from specdec.engine import DecodeConfig, generate
     from specdec.records import summarize
 
@@ -392,7 +392,7 @@ class _Run:
         return dataclasses.replace(dcfg, draft_vocab=tuple(vocab.tolist()))
 
     def _build_model(self) -> None:
-        from specdec.dflash import DFlashDraftModel
+        from specdec.drafting.dflash import DFlashDraftModel
 
         cfg, dev = self.cfg, self.ctx.device
         torch.manual_seed(cfg.seed)

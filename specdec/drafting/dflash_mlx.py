@@ -1,8 +1,8 @@
-"""The DFlash drafter in MLX: the same public checkpoint as `specdec.dflash`, run beside an MLX verifier with
-nothing crossing to torch.
+"""The DFlash drafter in MLX: the same public checkpoint as `specdec.drafting.dflash`, run beside an MLX
+verifier with nothing crossing to torch.
 
-Same model as the PyTorch drafter (see `specdec.dflash`): a few Qwen3-style layers whose queries are the
-block `[bonus, MASK x (bs-1)]`, with the verifier's features of the committed context projected once
+Same model as the PyTorch drafter (see `specdec.drafting.dflash`): a few Qwen3-style layers whose queries are
+the block `[bonus, MASK x (bs-1)]`, with the verifier's features of the committed context projected once
 (`hidden_norm(fc(features))`) and injected into every layer as extra keys / values. Here:
 - the weights load from the same folder (config.json with `dflash_config`, model.safetensors, the draft
   vocabulary) with `mx.load`, in the dtype asked for;
@@ -27,7 +27,7 @@ import mlx.nn as nn
 import torch
 
 from specdec.bridges.mlx import embed_scale, final_softcap, head_module, text_model
-from specdec.checkpoint import (
+from specdec.drafting.checkpoint import (
     SLIDING,
     WEIGHTS_NAME,
     DFlashConfig,
@@ -36,7 +36,7 @@ from specdec.checkpoint import (
     load_config,
     require_file,
 )
-from specdec.costs import VerifyCosts
+from specdec.drafting.policy import Draft, DraftPolicy
 from specdec.memory import mlx_probe
 from specdec.protocols import MemoryProbe
 from specdec.verifiers.mlx import MLX_DTYPES
@@ -213,14 +213,11 @@ class MLXDFlashDrafter:
         model: MLXDFlashModel,
         *,
         name: str = "dflash-mlx",
-        min_confidence: float = 0.0,
-        costs: VerifyCosts | None = None,
+        policy: DraftPolicy | None = None,
     ) -> None:
-        if not 0.0 <= min_confidence <= 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
+        """`policy`: where each greedy block is cut, as the PyTorch drafter's (`DraftPolicy`)."""
         cfg = model.cfg
-        self.model, self.cfg, self.name, self.min_confidence = model, cfg, name, min_confidence
-        self.costs = costs
+        self.model, self.cfg, self.name, self.policy = model, cfg, name, policy or DraftPolicy()
         self.block_size, self.target_layer_ids = cfg.block_size, tuple(cfg.target_layer_ids)
         self.feature_dim, self.vocab_size = cfg.feature_dim, cfg.vocab_size
         self.mask_token_id = cfg.mask_token_id
@@ -239,8 +236,7 @@ class MLXDFlashDrafter:
         path: str | Path,
         *,
         dtype: str = "float32",
-        min_confidence: float = 0.0,
-        costs: VerifyCosts | None = None,
+        policy: DraftPolicy | None = None,
     ) -> MLXDFlashDrafter:
         """Load a public-format checkpoint folder (the one the PyTorch drafter loads)."""
         if dtype not in MLX_DTYPES:
@@ -255,9 +251,17 @@ class MLXDFlashDrafter:
         model = MLXDFlashModel(cfg)
         model.load_weights([(k, v.astype(MLX_DTYPES[dtype])) for k, v in weights.items()], strict=True)
         mx.eval(model.parameters())  # evaluated here: any thread may decode (see specdec.verifiers.mlx)
-        d = cls(model, name=Path(path).name, min_confidence=min_confidence, costs=costs)
+        d = cls(model, name=Path(path).name, policy=policy)
         d.path = str(path)
         return d
+
+    def describe(self) -> dict[str, Any]:
+        """For the result JSON (`specdec.protocols.Describes`): where it was loaded from and its cut."""
+        costs = self.policy.costs
+        return {
+            "path": self.path, "min_confidence": self.policy.min_confidence,
+            "costs": None if costs is None else costs.to_json(),
+        }  # fmt: skip
 
     # ---- protocol ----------------------------------------------------------------------------------------
 
@@ -322,12 +326,11 @@ class MLXDFlashDrafter:
         best = mx.argmax(logits, axis=-1)
         if self._rows is not None:
             best = self._rows[best]  # [n] vocabulary ids
-        if self.min_confidence > 0 or self.costs is not None:  # cut as the torch drafter does (see dflash)
-            top = mx.max(mx.softmax(logits, axis=-1), axis=-1)
-            best = mx.where(mx.cumprod(top) < self.min_confidence, -1, best)
-        tokens = best.tolist()  # the one sync of a proposal
-        tokens = tokens[: tokens.index(-1)] if -1 in tokens else tokens
-        return tokens[: self.costs.best_length(top.tolist())] if self.costs is not None else tokens
+        if not self.policy.needs_confidence("dflash"):
+            return best.tolist()  # the one sync of a proposal
+        top = mx.max(mx.softmax(logits, axis=-1), axis=-1)  # [n]: cut as the torch drafter is
+        mx.eval(best, top)  # the one sync of a proposal
+        return self.policy.cut(Draft(best.tolist(), "dflash", top.tolist())).tokens
 
     def rollback(self, n: int) -> None:
         cache = self._need()

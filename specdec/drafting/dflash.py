@@ -22,14 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.checkpoint import SLIDING, DFlashConfig, check_target, load_checkpoint, save_checkpoint
-from specdec.costs import VerifyCosts
+from specdec.drafting.checkpoint import SLIDING, DFlashConfig, check_target, load_checkpoint, save_checkpoint
+from specdec.drafting.policy import Draft, DraftPolicy
 from specdec.kernels import use_cpu_linears
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord
 
@@ -508,21 +508,14 @@ class DFlashProposer:
         return full.index_copy_(1, self.rows, logits)
 
     def propose_block(
-        self,
-        last_token: int,
-        n: int | None = None,
-        *,
-        min_confidence: float = 0.0,
-        costs: VerifyCosts | None = None,
+        self, last_token: int, n: int | None = None, *, policy: DraftPolicy | None = None
     ) -> BlockProposal:
-        """Greedy block: n tokens (default block_size - 1) to follow `last_token`.
+        """Greedy block: n tokens (default block_size - 1) to follow `last_token`, cut by `policy` (its
+        top-1 probabilities as the confidence: `DraftPolicy.cut`; None: whole).
 
-        Always runs the full block (what the model was trained on) and keeps the first n. With
-        `min_confidence` > 0 the block ends before the first position where the product of the drafter's
-        top-1 probabilities so far drops below it (possibly no tokens): where a verify of several tokens
-        costs much more than a one-token step (CPUs), unlikely drafts are not worth verifying. With `costs`
-        the block is cut where it commits the most tokens per verify cost, the top-1 probabilities taken
-        as the chances of acceptance (`VerifyCosts.best_length`)."""
+        Always runs the full block (what the model was trained on) and keeps the first n: where a verify of
+        several tokens costs much more than a one-token step (CPUs), unlikely drafts are not worth
+        verifying."""
         n = self.block_size - 1 if n is None else n
         if not 0 <= n < self.block_size:
             raise ValueError(f"can propose 0..{self.block_size - 1} tokens per block, asked for {n}")
@@ -535,26 +528,22 @@ class DFlashProposer:
             before = torch.cuda.memory_allocated(dev) if cuda else 0
             self._probe.reset()
         logits = self.block_logits(last_token, n)  # [n, K]
-        if min_confidence > 0 or costs is not None:
+        cut = policy is not None and policy.needs_confidence("dflash")
+        if cut:
             top, best = logits.float().softmax(dim=-1).max(dim=-1)  # [n], [n] columns
         else:
             best = logits.argmax(dim=-1)  # [n] columns
         if self.rows is not None:
             best = self.rows[best]  # [n] vocabulary ids
-        if min_confidence > 0:
-            # -1 marks the cut-off suffix (the running product only falls): still one sync
-            best = best.masked_fill(top.cumprod(dim=0) < min_confidence, -1)
-        tokens = best.tolist()  # the one sync of a proposal
-        if min_confidence > 0 and -1 in tokens:
-            tokens = tokens[: tokens.index(-1)]
-        if costs is not None:
-            tokens = tokens[: costs.best_length(top.tolist())]  # computed by now: no second wait
+        draft = Draft(best.tolist(), "dflash")  # the one sync of a proposal
+        if cut:
+            draft = policy.cut(Draft(draft.tokens, "dflash", top.tolist()))  # computed by now: no second wait
         peak_act, record = None, None
         if self.measure_memory:
             record = self._probe.read()
             if cuda:
                 peak_act = int(torch.cuda.max_memory_allocated(dev)) - before
-        return BlockProposal(tokens, 1, 1, peak_act, record)
+        return BlockProposal(draft.tokens, 1, 1, peak_act, record)
 
     def memory_probe(self) -> MemoryProbe:
         from specdec.memory import probe_for_module
@@ -569,21 +558,19 @@ class DFlashProposer:
 class DFlashDrafter:
     """The `Drafter` protocol over a DFlash model. `bind(verifier)` before `extend` / `propose`."""
 
+    runtime = "torch"
+
     def __init__(
         self,
         model: DFlashDraftModel,
         *,
         name: str = "dflash",
         measure_memory: bool = False,
-        min_confidence: float = 0.0,
-        costs: VerifyCosts | None = None,
+        policy: DraftPolicy | None = None,
     ) -> None:
-        """`min_confidence`: cut each greedy block where the drafter's running top-1 probability falls
-        below it; `costs`: where it commits the most tokens per verify cost (see
-        `DFlashProposer.propose_block`); neither proposes whole blocks."""
-        if not 0.0 <= min_confidence <= 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
-        self.min_confidence, self.costs = min_confidence, costs
+        """`policy`: where each greedy block is cut (`DraftPolicy`: by the running top-1 probability, or
+        by verify cost); the default proposes whole blocks."""
+        self.policy = policy or DraftPolicy()
         cfg = model.cfg
         self.model = model.eval()
         use_cpu_linears(model)  # on a CPU: a block costs much less (see specdec.kernels)
@@ -606,8 +593,7 @@ class DFlashDrafter:
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
-        min_confidence: float = 0.0,
-        costs: VerifyCosts | None = None,
+        policy: DraftPolicy | None = None,
     ) -> DFlashDrafter:
         """Load a public-format checkpoint folder (config.json + model.safetensors)."""
         cfg, state = load_checkpoint(path)
@@ -615,9 +601,17 @@ class DFlashDrafter:
             model = DFlashDraftModel(cfg)
         model.load_state_dict(state, strict=True, assign=True)  # names/shapes already checked
         model = model.to(device=device, dtype=dtype)
-        drafter = cls(model, name=Path(path).name, min_confidence=min_confidence, costs=costs)
+        drafter = cls(model, name=Path(path).name, policy=policy)
         drafter.path = str(path)
         return drafter
+
+    def describe(self) -> dict[str, Any]:
+        """For the result JSON (`specdec.protocols.Describes`): where it was loaded from and its cut."""
+        costs = self.policy.costs
+        return {
+            "path": self.path, "min_confidence": self.policy.min_confidence,
+            "costs": None if costs is None else costs.to_json(),
+        }  # fmt: skip
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write this drafter's config + weights in the public format."""
@@ -665,9 +659,7 @@ class DFlashDrafter:
 
     def propose(self, last_token: int, n: int) -> list[int]:
         proposer = self._need()
-        return proposer.propose_block(
-            last_token, n, min_confidence=self.min_confidence, costs=self.costs
-        ).tokens
+        return proposer.propose_block(last_token, n, policy=self.policy).tokens
 
     def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
         """Logits [n, V] of the next n positions, for sampled proposals at temperature > 0."""

@@ -1,0 +1,226 @@
+"""The Starlette app of `specdec serve`: routes, streaming, and an OpenAI-shaped error for anything that
+goes wrong. starlette is imported only when an app is built."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from specdec.sampling import SamplingParams
+from specdec.serve.metrics import prometheus
+from specdec.serve.protocol import (
+    RequestError,
+    chunk,
+    error_body,
+    finish_reason,
+    parse_request,
+    response_body,
+    usage,
+)
+from specdec.serve.worker import Job, Worker
+from specdec.stream import Engine
+
+__all__ = ["build_app"]
+
+
+def build_app(
+    engine: Engine,
+    *,
+    model_name: str | None = None,
+    max_queue: int = 16,
+    default_max_tokens: int = 512,
+    sampling: SamplingParams | None = None,
+    on_death: Callable[[BaseException], None] | None = None,
+) -> Any:
+    """The Starlette app; `app.state.worker` is the Worker (its thread starts here; `on_death` as there)."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    worker = Worker(engine, max_queue=max_queue, default_max_tokens=default_max_tokens, on_death=on_death)
+    r = _Routes(worker, model_name or engine.verifier.model_name, sampling or SamplingParams())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        yield
+        await asyncio.to_thread(worker.stop)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", r.chat_completions, methods=["POST"]),
+            Route("/v1/completions", r.text_completions, methods=["POST"]),
+            Route("/v1/models", r.models, methods=["GET"]),
+            Route("/health", r.health, methods=["GET"]),
+            Route("/metrics", r.metrics, methods=["GET"]),
+        ],
+        exception_handlers={404: r.not_found, 405: r.method_not_allowed, Exception: r.internal_error},
+        lifespan=lifespan,
+    )
+    app.state.worker = worker
+    return app
+
+
+def _error(message: str, status: int, param: str | None = None, code: str | None = None) -> Any:
+    from starlette.responses import JSONResponse
+
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONResponse(error_body(message, status, param, code), status_code=status, headers=headers)
+
+
+async def _watch_disconnect(request: Any, cancel: threading.Event) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            cancel.set()
+            return
+
+
+class _Routes:
+    """The app's handlers, over one worker."""
+
+    def __init__(self, worker: Worker, model: str, defaults: SamplingParams) -> None:
+        self.worker, self.model, self.defaults = worker, model, defaults
+
+    async def chat_completions(self, request: Any) -> Any:
+        return await self._completions(request, chat=True)
+
+    async def text_completions(self, request: Any) -> Any:
+        return await self._completions(request, chat=False)
+
+    async def _job(self, request: Any, chat: bool) -> Job | Any:
+        """The request's job, queued; or the error response that refuses it."""
+        metrics = self.worker.metrics
+        metrics.add("requests_total")
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            metrics.add("requests_invalid")
+            return _error(f"the request body is not valid JSON: {e}", 400)
+        except RecursionError:  # json's decoder recurses per nesting level
+            metrics.add("requests_invalid")
+            return _error("the request body nests too deeply to parse", 400)
+        try:
+            params = parse_request(body, chat=chat, model=self.model, defaults=self.defaults)
+        except RequestError as e:
+            metrics.add("requests_invalid")
+            return _error(str(e), e.status, e.param, e.code)
+        job = Job(params=params, loop=asyncio.get_running_loop())
+        if not self.worker.alive:
+            return _error("the engine worker died (see /health); restart the server", 503)
+        if not self.worker.submit(job):
+            metrics.add("requests_rejected_busy")
+            n = self.worker.max_queue
+            msg = (
+                f"server busy: {n} requests are already waiting for the engine (--max-queue {n}); retry later"
+            )
+            return _error(msg, 503)
+        return job
+
+    async def _completions(self, request: Any, chat: bool) -> Any:
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        job = await self._job(request, chat)
+        if not isinstance(job, Job):
+            return job
+        watcher = asyncio.create_task(_watch_disconnect(request, job.cancel))
+        try:
+            kind, payload = await job.events.get()
+            if kind == "error":
+                return JSONResponse({"error": payload["error"]}, status_code=payload["status"])
+            if kind == "cancelled":
+                return _error("cancelled: the client disconnected", 499)
+            if job.params.stream:
+                watcher.cancel()  # StreamingResponse listens for the disconnect itself from here on
+                headers = {"Cache-Control": "no-cache"}
+                return StreamingResponse(
+                    self._sse(job, chat), media_type="text/event-stream", headers=headers
+                )
+            text = []
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "event":
+                    text.append(payload.delta)
+                elif kind == "error":
+                    return JSONResponse({"error": payload["error"]}, status_code=payload["status"])
+                elif kind == "done":
+                    break
+            result, stats = payload
+            return JSONResponse(response_body(chat, self.model, "".join(text), result, stats))
+        finally:
+            watcher.cancel()
+            if not job.params.stream:
+                job.cancel.set()  # no-op when finished; stops the run if this handler was cancelled
+
+    async def _sse(self, job: Job, chat: bool) -> AsyncIterator[str]:
+        job_id, created = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, int(time.time())
+
+        def data(obj: dict) -> str:
+            return f"data: {json.dumps(obj)}\n\n"
+
+        def piece(delta: str | None, finish: str | None) -> dict:
+            return chunk(job_id, chat, created, self.model, delta, finish)
+
+        try:
+            if chat:
+                first = piece("", None)
+                first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                yield data(first)
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "event" and payload.delta:
+                    yield data(piece(payload.delta, None))
+                elif kind == "error":
+                    yield data({"error": payload["error"]})
+                    break
+                elif kind == "done":
+                    result, stats = payload
+                    yield data(piece(None, finish_reason(result)) | {"specdec": stats})
+                    if job.params.include_usage:
+                        yield data(piece(None, None) | {"choices": [], "usage": usage(result)})
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancel.set()  # the client left (or we are done: then a no-op)
+
+    async def models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        card = {"id": self.model, "object": "model", "created": int(self.worker.metrics.started)}
+        return JSONResponse({"object": "list", "data": [card | {"owned_by": "specdec"}]})
+
+    async def health(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        w = self.worker
+        body = {"status": "ok", "model": self.model, "queue_depth": w.jobs.qsize(), "busy": w.busy}
+        if not w.alive:  # never "ok" with no one to serve the requests
+            why = f"{type(w.error).__name__}: {w.error}" if w.error else "stopped"
+            return JSONResponse({**body, "status": "error", "error": f"engine worker died ({why})"}, 503)
+        return JSONResponse(body)
+
+    async def metrics(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse, PlainTextResponse
+
+        w = self.worker
+        snap = w.metrics.snapshot(w.jobs.qsize(), w.busy)
+        accept = request.headers.get("accept", "")
+        if request.query_params.get("format") == "prometheus" or (
+            "text/plain" in accept and "json" not in accept
+        ):
+            text = prometheus(snap, list(w.metrics.c))
+            return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        return JSONResponse(snap)
+
+    async def not_found(self, request: Any, exc: Exception) -> Any:
+        return _error(f"no route {request.method} {request.url.path}; see /v1/models", 404)
+
+    async def method_not_allowed(self, request: Any, exc: Exception) -> Any:
+        return _error(f"{request.method} is not allowed on {request.url.path}", 405)
+
+    async def internal_error(self, request: Any, exc: Exception) -> Any:  # a bug of ours, not a 4xx
+        return _error(f"internal error: {type(exc).__name__}: {exc}", 500)

@@ -1,0 +1,96 @@
+"""`specdec serve`: its options, the listening socket (bound before any work), loading and running."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from typing import Any
+
+from specdec.args import (
+    add_drafter_args,
+    add_sampling_args,
+    add_verifier_args,
+    at_least,
+    load_models,
+    sampling_of,
+)
+from specdec.serve.app import build_app
+from specdec.stream import Engine
+
+__all__ = ["add_serve_args", "cmd_serve", "listen_socket"]
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    add_verifier_args(p)
+    add_drafter_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--port", type=at_least(0, 65535), default=8000)
+    p.add_argument("--served-model-name", help="the model id clients send (default: the verifier's name)")
+    p.add_argument(
+        "--max-queue", type=at_least(0), default=16, help="requests that may wait (0: none); past that: 503"
+    )
+    p.add_argument("--max-context", type=at_least(2), help="positions per request (default: the model's)")
+    p.add_argument(
+        "--default-max-tokens", type=at_least(1), default=512, help="when a request gives no max_tokens"
+    )
+    p.add_argument("--no-reuse", action="store_true", help="prefill every prompt whole (no prefix reuse)")
+    add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (0: any free port), for uvicorn to serve on; a bad host or a port
+    in use is a one-line ValueError here, before any model loads (uvicorn would say so only after)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may rebind at once
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load, serve until SIGINT / SIGTERM; exit code 1 if the worker thread ever died."""
+    sock = listen_socket(args.host, args.port)  # before any work
+    try:
+        return _serve_on(sock, args)
+    finally:
+        sock.close()
+
+
+def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    sampling = sampling_of(args)
+    verifier, drafter, block = load_models(args)
+    engine = Engine(
+        verifier, drafter, block_size=block, max_context=args.max_context, reuse=not args.no_reuse
+    )
+    server: Any = None
+    died: list[BaseException] = []
+
+    def on_death(e: BaseException) -> None:
+        died.append(e)
+        if server is not None:
+            server.should_exit = True
+
+    app = build_app(
+        engine, model_name=args.served_model_name, max_queue=args.max_queue,
+        default_max_tokens=args.default_max_tokens, sampling=sampling, on_death=on_death,
+    )  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    name = args.served_model_name or verifier.model_name
+    host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if ":" in host else host
+    print(f"specdec serve: {name} on http://{url_host}:{port}/v1", flush=True)
+    server.run(sockets=[sock])
+    if died:
+        print(f"error: the engine worker died: {type(died[0]).__name__}: {died[0]}", file=sys.stderr)
+        return 1
+    return 0

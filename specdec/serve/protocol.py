@@ -1,0 +1,206 @@
+"""The OpenAI wire format of `specdec serve`: request parsing (every error a `RequestError` with its HTTP
+status and the offending field) and the response, chunk and error bodies."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.chat import check_messages, check_text
+from specdec.sampling import SamplingParams
+from specdec.stream import StreamResult
+
+__all__ = [
+    "Params", "RequestError", "chunk", "error_body", "finish_reason", "parse_request", "response_body",
+    "usage",
+]  # fmt: skip
+
+
+class RequestError(ValueError):
+    """What a client sent wrong: its HTTP status and, where one field is at fault, that field."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
+def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
+    """An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}}."""
+    kind = {400: "invalid_request_error", 404: "not_found_error", 503: "server_busy"}.get(
+        status, "server_error"
+    )
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def usage(r: StreamResult) -> dict[str, int]:
+    n = len(r.output_tokens)
+    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": n, "total_tokens": r.prompt_tokens + n}
+
+
+def finish_reason(r: StreamResult) -> str:
+    return "length" if r.finish_reason in ("length", "context") else r.finish_reason
+
+
+def chunk(job_id: str, chat: bool, created: int, model: str, delta: str | None, finish: str | None) -> dict:
+    """One streamed chunk (`chat.completion.chunk` or `text_completion`)."""
+    if chat:
+        d = {} if delta is None else {"content": delta}
+        choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return {"id": job_id, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+
+def response_body(chat: bool, model: str, text: str, r: StreamResult, stats: dict) -> dict:
+    """A whole (non-streamed) response, with `usage` and our per-request stats under "specdec"."""
+    if chat:
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(r)}
+        obj, prefix = "chat.completion", "chatcmpl-"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(r)}
+        obj, prefix = "text_completion", "cmpl-"
+    return {
+        "id": prefix + uuid.uuid4().hex, "object": obj, "created": int(time.time()), "model": model,
+        "choices": [choice], "usage": usage(r), "specdec": stats,
+    }  # fmt: skip
+
+
+@dataclass
+class Params:
+    prompt: Any  # chat messages (list of {role, content}) or text or token ids
+    chat: bool
+    max_tokens: int | None
+    sampling: SamplingParams
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+
+
+def _number(body: dict, name: str, default: float, *, lo: float, hi: float, integer: bool = False) -> Any:
+    v = body.get(name)
+    if v is None:
+        return default
+    ok = isinstance(v, int) if integer else isinstance(v, int | float)
+    if not ok or isinstance(v, bool):
+        kind = "an integer" if integer else "a number"
+        raise RequestError(f"'{name}' must be {kind}, got {json.dumps(v)}", param=name)
+    if not lo <= v <= hi:
+        raise RequestError(f"'{name}' must be in [{lo}, {hi}], got {v}", param=name)
+    return v
+
+
+def _content(m: dict, i: int) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in c):
+        return "".join(str(p.get("text", "")) for p in c)
+    raise RequestError(
+        f"messages[{i}].content must be a string or a list of text parts, got {json.dumps(c)[:80]}",
+        param=f"messages[{i}].content",
+    )
+
+
+def _checked(text: str, where: str, param: str) -> str:
+    try:
+        return check_text(text, where)
+    except ValueError as e:
+        raise RequestError(str(e), param=param) from None
+
+
+def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams) -> Params:
+    """Validate an OpenAI request body; RequestError (4xx) with the offending field otherwise."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    name = body.get("model")
+    if name is not None and name != model:
+        raise RequestError(
+            f"model {name!r} does not exist; this server serves {model!r} (GET /v1/models)",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
+    prompt = _messages(body) if chat else _prompt(body)
+    n = _number(body, "n", 1, lo=1, hi=1, integer=True)
+    assert n == 1
+    mt = body.get("max_completion_tokens", body.get("max_tokens"))
+    if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
+        raise RequestError(f"'max_tokens' must be an integer >= 1, got {json.dumps(mt)}", param="max_tokens")
+    stop = _stop(body)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(f"'stream' must be true or false, got {json.dumps(stream)}", param="stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise RequestError("'stream_options' must be an object", param="stream_options")
+    sampling = _sampling(body, defaults)
+    include_usage = bool(opts.get("include_usage"))
+    return Params(prompt, chat, mt, sampling, stop, stream, include_usage)
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise RequestError("'messages' must be a non-empty list of {role, content}", param="messages")
+    prompt = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(f"messages[{i}] must be an object with a string 'role'", param="messages")
+        prompt.append({"role": m["role"], "content": _content(m, i)})
+    try:
+        return check_messages(prompt)
+    except ValueError as e:
+        raise RequestError(str(e), param="messages") from None
+
+
+def _prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    is_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not (isinstance(prompt, str) or is_ids) or not prompt:
+        raise RequestError(
+            "'prompt' must be a non-empty string or list of token ids (one prompt per request)",
+            param="prompt",
+        )
+    if isinstance(prompt, str):
+        _checked(prompt, "'prompt'", "prompt")
+    return prompt
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise RequestError(
+            f"'stop' must be a string or a list of strings, got {json.dumps(stop)}", param="stop"
+        )
+    for s in stop:
+        _checked(s, "'stop'", "stop")
+    return [s for s in stop if s]
+
+
+def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
+    try:
+        return SamplingParams(
+            temperature=_number(body, "temperature", defaults.temperature, lo=0, hi=2),
+            top_p=_number(body, "top_p", defaults.top_p, lo=0, hi=1),
+            top_k=max(0, _number(body, "top_k", defaults.top_k, lo=-1, hi=2**31, integer=True)),  # -1: off
+            min_p=_number(body, "min_p", defaults.min_p, lo=0, hi=1),
+            seed=_number(body, "seed", defaults.seed, lo=0, hi=2**63 - 1, integer=True),
+            rule=defaults.rule,
+            proposal=defaults.proposal,
+        )
+    except RequestError:
+        raise
+    except ValueError as e:
+        raise RequestError(str(e)) from e
