@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.args import Parser, add_verifier_args, at_least, finite, load_verifier_arg, run_main
+from specdec.args import Parser, add_verifier_args, at_least, finite, run_main
 from specdec.costs import VerifyCosts, measure_costs
 from specdec.drafting.dflash import DFlashDrafter
 from specdec.drafting.lookup import LOOKUP_ACCEPT, Chances, lookup_accept
@@ -289,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from specdec.api import load_drafter
+    from specdec.api import RunSpec, load, load_drafter
     from specdec.chat import encode_prompt
     from specdec.engine import generate
     from specdec.evals.datasets import load_dataset, second_turn_messages
@@ -301,13 +301,14 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.corpus:
         check_corpus(args.corpus)  # a bad folder fails before the model loads
-    if args.model is None and args.verifier != "stub":
-        args.model = "smollm2-135m"
-    verifier = load_verifier_arg(args)
+    model = args.model or (None if args.verifier == "stub" else "smollm2-135m")
+    spec = RunSpec(verifier=args.verifier, model=model, dtype=args.dtype, device=args.device, drafter="none")
+    m = load(spec)
+    verifier = m.verifier
     corpus = load_corpus_ngrams(args.corpus, verifier) if args.corpus else None
     drafters = []
     for name in args.drafter:  # all loaded and checked before the long part
-        d = load_drafter(name, verifier=verifier, dtype=args.dtype, device=args.device)
+        d = load_drafter(name, verifier=verifier, dtype=m.dtype, device=args.device)
         if not isinstance(d, DFlashDrafter):
             raise ValueError(
                 f"--drafter {name!r}: give a DFlash drafter (lookup is replayed with and without)"

@@ -36,17 +36,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specdec.api import DRAFTER_RUNTIMES
+from specdec.api import DRAFTER_RUNTIMES, check_drafter_runtimes, drafter_for, load
 from specdec.args import (
     Parser,
     add_drafter_args,
     add_sampling_args,
     add_verifier_args,
     at_least,
-    check_drafter_runtimes,
-    load_drafter_arg,
-    load_models,
     run_main,
+    run_spec,
     sampling_of,
 )
 from specdec.chat import encode_prompt, prompt_format
@@ -519,20 +517,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.drafter in (None, "none"):
         raise ValueError("--drafter none: an eval compares a drafter against the AR baseline")
     check_output_dir(args.out, OUTPUT_NAMES)  # before any work
-    check_drafter_runtimes(args.verifier, [args.drafter_runtime, *(args.also_drafter_runtime or ())])
+    spec = run_spec(args)
+    check_drafter_runtimes(spec.verifier, [spec.drafter_runtime, *(args.also_drafter_runtime or ())])
     sampling = sampling_of(args)
     names = list(dict.fromkeys(args.dataset or ["humaneval"]))
     records: list[PromptRecord] = []
     for name in names:
         records += load_dataset(name, args.limit, wheel_dir=args.wheel_dir, progress=not args.quiet)
-    verifier, drafter, block_size = load_models(args)
-    others = [rt for rt in dict.fromkeys(args.also_drafter_runtime or ()) if rt != args.drafter_runtime]
-    peer_drafters = {f"drafter-{rt}": load_drafter_arg(args, verifier, runtime=rt) for rt in others}
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=block_size, sampling=sampling)
+    m = load(spec)
+    verifier, drafter = m.verifier, m.drafter
+    others = [rt for rt in dict.fromkeys(args.also_drafter_runtime or ()) if rt != spec.drafter_runtime]
+    peer_drafters = {
+        f"drafter-{rt}": drafter_for(spec, verifier, dtype=m.dtype, costs=m.costs, runtime=rt)
+        for rt in others
+    }
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=m.block_size, sampling=sampling)
     result = run_eval(
         verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,
         peers=not args.no_peers, warmup=not args.no_warmup, progress=not args.quiet,
-        config_extra={"dtype_choice": {"dtype": args.dtype, "reason": args.dtype_reason}},
+        config_extra={"dtype_choice": {"dtype": m.dtype, "reason": m.dtype_reason}},
         peer_drafters=peer_drafters,  # type: ignore[arg-type]
     )  # fmt: skip
     print_summary_table(result)

@@ -7,10 +7,11 @@ result = run(v, ["Hello"], drafter=load_drafter("prompt-lookup", verifier=v), ou
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 
 from specdec.bundled import bundled_corpus, bundled_drafter
 from specdec.chat import encode_prompt
-from specdec.costs import VerifyCosts
+from specdec.costs import VerifyCosts, choose_block
 from specdec.engine import DecodeConfig, check_request, generate
 from specdec.protocols import Describes, Drafter, Verifier
 from specdec.records import (
@@ -32,13 +33,15 @@ from specdec.records import (
 )
 
 __all__ = [
-    "DRAFTER_RUNTIMES", "RUNTIMES", "bundled_corpus", "bundled_drafter", "check_device_dtype",
-    "check_drafter", "check_drafter_fits", "encode_prompt", "load_drafter", "load_verifier",
-    "load_verifier_auto", "resolve_dtype", "run", "run_config", "torch_dtype",
+    "DRAFTER_RUNTIMES", "LOOKUP_BLOCK_SIZE", "RUNTIMES", "Loaded", "RunSpec", "bundled_corpus",
+    "bundled_drafter", "check_device_dtype", "check_drafter", "check_drafter_fits", "check_drafter_runtimes",
+    "drafter_for", "encode_prompt", "load", "load_drafter", "load_verifier", "load_verifier_auto",
+    "resolve_dtype", "run", "run_config", "torch_dtype",
 ]  # fmt: skip
 
 RUNTIMES = ("stub", "hf", "mlx")  # verifier runtimes
 DRAFTER_RUNTIMES = ("torch", "mlx")
+LOOKUP_BLOCK_SIZE = 16  # prompt lookup has no block size of its own
 
 _DTYPES = {
     "float32": torch.float32,
@@ -285,6 +288,152 @@ def load_drafter(
             drafter.name = spec  # a hub repo id names the drafter, not its cache folder
     drafter.bind(verifier)
     return drafter
+
+
+def check_drafter_runtimes(verifier: str, runtimes: Sequence[str]) -> None:
+    """Before any load: a drafter in MLX reads the verifier's features as MLX arrays."""
+    if "mlx" in runtimes and verifier != "mlx":
+        raise ValueError("drafter runtime mlx needs --verifier mlx (its features stay MLX arrays)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """What a run loads, as the command line gives it (`specdec.args.run_spec`) or a program builds it.
+    `check()` tests every field before anything loads; `load` builds the models from it.
+
+    `device` is the drafter's, and an HF verifier's unless `verifier_device` is given. `block_size` None
+    means the drafter's own, "auto" the largest whose rows are cheap to verify (`choose_block`);
+    `min_confidence` "auto" cuts every draft by verify cost. Both auto options read the `bench-verify`
+    table at `costs`, or time the verifier at load without one."""
+
+    verifier: str = "stub"
+    model: str | None = None
+    dtype: str = "auto"
+    device: str = "cpu"
+    verifier_device: str | None = None
+    drafter: str = "prompt-lookup"
+    drafter_runtime: str = "torch"
+    block_size: int | str | None = None
+    min_confidence: float | str = 0.0
+    costs: str | None = None
+    corpus: str | None = None
+    corpus_cut: float = 0.4
+
+    @property
+    def auto_block(self) -> bool:
+        return self.block_size == "auto"
+
+    @property
+    def auto_cut(self) -> bool:
+        return self.min_confidence == "auto"
+
+    @property
+    def fixed_confidence(self) -> float:
+        """`min_confidence` as a number (0 when auto: the verify costs cut instead)."""
+        return 0.0 if self.auto_cut else float(self.min_confidence)
+
+    @property
+    def fixed_block(self) -> int | None:
+        """`block_size` as given (None: the drafter's own, or auto)."""
+        return self.block_size if isinstance(self.block_size, int) else None
+
+    def check(self) -> dict[str, Any] | None:
+        """One-line ValueErrors for anything wrong that can be known before a model loads; the `costs`
+        table, read (None: none given)."""
+        from specdec.drafting.policy import DraftPolicy
+
+        if self.verifier not in RUNTIMES:
+            raise ValueError(f"unknown verifier runtime {self.verifier!r}; choose one of {RUNTIMES}")
+        if self.drafter_runtime not in DRAFTER_RUNTIMES:
+            raise ValueError(
+                f"unknown drafter runtime {self.drafter_runtime!r}; choose one of {DRAFTER_RUNTIMES}"
+            )
+        check_drafter_runtimes(self.verifier, [self.drafter_runtime])
+        dtype = None if self.dtype == "auto" else torch_dtype(self.dtype)
+        for device in {self.device, self.verifier_device or self.device}:
+            check_device_dtype(device, dtype)
+        if self.verifier == "stub" and self.model is not None:
+            raise ValueError(
+                f"the stub verifier has a model of its own; --model {self.model!r} is for hf / mlx"
+            )
+        table = self._cost_table()
+        DraftPolicy(min_confidence=self.fixed_confidence, corpus_cut=self.corpus_cut)  # their ranges
+        if self.corpus is not None:
+            from specdec.drafting.ngrams import check_corpus
+
+            check_corpus(self.corpus, drafter=self.drafter)
+        check_drafter_fits(self.drafter, self.model if self.verifier != "stub" else None)
+        return table
+
+    def _cost_table(self) -> dict[str, Any] | None:
+        if not (self.auto_block or self.auto_cut):
+            if self.costs:
+                raise ValueError("--costs is read only with --block-size auto or --min-confidence auto")
+            return None
+        base = self.drafter.removesuffix("+lookup")
+        if base == "none" or (self.auto_cut and base == "prompt-lookup"):
+            raise ValueError(f"auto block size / confidence cut need a DFlash drafter, not {self.drafter!r}")
+        if not self.costs:
+            return None
+        try:
+            table = json.loads(Path(self.costs).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"--costs {self.costs!r}: cannot read a JSON cost table ({e})") from None
+        VerifyCosts.from_table(table, source=self.costs)  # a malformed table fails here, before any load
+        return table
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What `load` built: the verifier, the drafter (None: autoregressive), the block size a step drafts
+    with, the dtype both run in and why, and the verify costs drafts are cut by (None: not by cost)."""
+
+    verifier: Verifier
+    drafter: Drafter | None
+    block_size: int
+    dtype: str
+    dtype_reason: str
+    costs: VerifyCosts | None
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def load(spec: RunSpec, *, log: Callable[[str], None] = _log) -> Loaded:
+    """Check `spec` whole, then load what it names; what was chosen on the way (dtype, verify costs, an
+    auto block size) is said through `log` (stderr by default)."""
+    table = spec.check()
+    verifier, dtype, why = load_verifier_auto(
+        spec.verifier, spec.model, dtype=spec.dtype, device=spec.verifier_device or spec.device
+    )
+    log(f"dtype {dtype} ({why})")
+    costs = None
+    if spec.auto_block or spec.auto_cut:
+        costs = VerifyCosts.from_table(table, source=spec.costs) if table else VerifyCosts.measure(verifier)
+    cut_costs = costs if spec.auto_cut else None
+    drafter = drafter_for(spec, verifier, dtype=dtype, costs=cut_costs)
+    block = 1 if drafter is None else spec.fixed_block or drafter.block_size
+    if costs is not None and drafter is not None:
+        log(costs.summary())
+        if spec.auto_block:
+            block, why_block = choose_block(costs, max_block=drafter.block_size)
+            log(f"block size {block}: {why_block}")
+        if spec.auto_cut:
+            log("drafts cut where they commit the most tokens per verify cost")
+    return Loaded(verifier, drafter, block, dtype, why, cut_costs)
+
+
+def drafter_for(
+    spec: RunSpec, verifier: Verifier, *, dtype: str, costs: VerifyCosts | None, runtime: str | None = None
+) -> Drafter | None:
+    """The drafter `spec` names, bound to `verifier`, in `dtype`, its drafts cut by `costs` where given (else
+    by `spec.min_confidence`), in drafter runtime `runtime` (default `spec.drafter_runtime`)."""
+    return load_drafter(
+        spec.drafter, verifier=verifier, block_size=spec.fixed_block or LOOKUP_BLOCK_SIZE, device=spec.device,
+        dtype=dtype, min_confidence=spec.fixed_confidence, runtime=runtime or spec.drafter_runtime,
+        corpus=spec.corpus, corpus_cut=spec.corpus_cut, costs=costs,
+    )  # fmt: skip
 
 
 def run_config(

@@ -10,21 +10,15 @@ everywhere (prompt lookup, which has none, drafts blocks of 16). Commands give t
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
-from specdec.api import DRAFTER_RUNTIMES, RUNTIMES
+from specdec.api import DRAFTER_RUNTIMES, LOOKUP_BLOCK_SIZE, RUNTIMES, RunSpec
 from specdec.sampling import PROPOSALS, RULES, SamplingParams
 
-if TYPE_CHECKING:
-    from specdec.protocols import Drafter, Verifier
-
 __all__ = [
-    "LOOKUP_BLOCK_SIZE",
     "Parser",
     "add_drafter_args",
     "add_sampling_args",
@@ -32,14 +26,11 @@ __all__ = [
     "at_least",
     "finite",
     "int_list",
-    "load_models",
-    "load_verifier_arg",
     "run_command",
     "run_main",
+    "run_spec",
     "sampling_of",
 ]
-
-LOOKUP_BLOCK_SIZE = 16  # prompt lookup has no block size of its own
 
 
 class Parser(argparse.ArgumentParser):
@@ -168,92 +159,14 @@ def sampling_of(args: argparse.Namespace) -> SamplingParams:
     )  # fmt: skip
 
 
-def load_verifier_arg(args: argparse.Namespace) -> Verifier:
-    """The verifier the options name; `args.dtype` ("auto" or a name) is replaced by the dtype it runs in
-    (for the drafter too), `args.dtype_reason` says why, and both are printed."""
-    from specdec.api import load_verifier_auto
-
-    verifier, args.dtype, args.dtype_reason = load_verifier_auto(
-        args.verifier, args.model, dtype=args.dtype, device=args.device
-    )
-    print(f"dtype {args.dtype} ({args.dtype_reason})", file=sys.stderr)
-    return verifier
-
-
-def check_drafter_runtimes(verifier: str, runtimes: Sequence[str]) -> None:
-    """Before any load: a drafter in MLX reads the verifier's features as MLX arrays."""
-    if "mlx" in runtimes and verifier != "mlx":
-        raise ValueError("drafter runtime mlx needs --verifier mlx (its features stay MLX arrays)")
-
-
-def load_drafter_arg(args: argparse.Namespace, verifier: Verifier, *, runtime: str) -> Drafter | None:
-    """The drafter the options name, bound to `verifier`, in drafter runtime `runtime` (its drafts cut by
-    the verify costs `load_models` put in `args.verify_costs` for `--min-confidence auto`)."""
-    from specdec.api import load_drafter
-
-    return load_drafter(
-        args.drafter, verifier=verifier, block_size=args.block_size or LOOKUP_BLOCK_SIZE, device=args.device,
-        dtype=args.dtype, min_confidence=args.min_confidence, runtime=runtime, corpus=args.corpus,
-        corpus_cut=args.corpus_cut, costs=getattr(args, "verify_costs", None),
+def run_spec(args: argparse.Namespace) -> RunSpec:
+    """The `specdec.api.RunSpec` the verifier and drafter options give (`add_verifier_args`,
+    `add_drafter_args`); `specdec.api.load` checks and loads it."""
+    return RunSpec(
+        verifier=args.verifier, model=args.model, dtype=args.dtype, device=args.device, drafter=args.drafter,
+        drafter_runtime=args.drafter_runtime, block_size=args.block_size, min_confidence=args.min_confidence,
+        costs=args.costs, corpus=args.corpus, corpus_cut=args.corpus_cut,
     )  # fmt: skip
-
-
-def load_models(args: argparse.Namespace) -> tuple[Verifier, Drafter | None, int]:
-    """(verifier, drafter or None, block size) from the verifier and drafter options: the block size is
-    `--block-size` or the drafter's own (1 without a drafter)."""
-    from specdec.api import check_device_dtype, check_drafter_fits, torch_dtype
-    from specdec.costs import VerifyCosts
-
-    check_drafter_runtimes(args.verifier, [args.drafter_runtime])
-    check_device_dtype(args.device, None if args.dtype == "auto" else torch_dtype(args.dtype))
-    table, auto_block, auto_p = _cost_table(args)  # before any load
-    if args.corpus is not None:
-        from specdec.drafting.ngrams import check_corpus
-
-        check_corpus(args.corpus, drafter=args.drafter)
-    check_drafter_fits(args.drafter, args.model if args.verifier != "stub" else None)
-    verifier = load_verifier_arg(args)
-    costs = None
-    if auto_block or auto_p:
-        costs = VerifyCosts.from_table(table, source=args.costs) if table else VerifyCosts.measure(verifier)
-    args.verify_costs = costs if auto_p else None
-    drafter = load_drafter_arg(args, verifier, runtime=args.drafter_runtime)
-    if costs is not None and drafter is not None:
-        print(costs.summary(), file=sys.stderr)
-        if auto_block:
-            from specdec.costs import choose_block
-
-            args.block_size, why = choose_block(costs, max_block=drafter.block_size)
-            print(f"block size {args.block_size}: {why}", file=sys.stderr)
-        if auto_p:
-            print("drafts cut where they commit the most tokens per verify cost", file=sys.stderr)
-    block = 1 if drafter is None else (args.block_size or drafter.block_size)
-    return verifier, drafter, block
-
-
-def _cost_table(args: argparse.Namespace) -> tuple[dict | None, bool, bool]:
-    """(the --costs table or None: measure, block size auto, min confidence auto), checked before any work;
-    the auto options are loaded as their defaults and replaced once the drafter is known."""
-    auto_block, auto_p = args.block_size == "auto", args.min_confidence == "auto"
-    if not (auto_block or auto_p):
-        if args.costs:
-            raise ValueError("--costs is read only with --block-size auto or --min-confidence auto")
-        return None, False, False
-    base = args.drafter.removesuffix("+lookup")
-    if base == "none" or (auto_p and base == "prompt-lookup"):
-        raise ValueError(f"auto block size / confidence cut need a DFlash drafter, not {args.drafter!r}")
-    args.block_size = None if auto_block else args.block_size
-    args.min_confidence = 0.0 if auto_p else args.min_confidence
-    if not args.costs:
-        return None, auto_block, auto_p
-    try:
-        table = json.loads(Path(args.costs).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--costs {args.costs!r}: cannot read a JSON cost table ({e})") from None
-    from specdec.costs import VerifyCosts
-
-    VerifyCosts.from_table(table, source=args.costs)  # a malformed table fails here, before any load
-    return table, auto_block, auto_p
 
 
 def _one_line(e: BaseException) -> str:

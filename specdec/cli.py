@@ -14,12 +14,10 @@ from specdec.args import (
     add_sampling_args,
     add_verifier_args,
     at_least,
-    check_drafter_runtimes,
     finite,
     int_list,
-    load_models,
-    load_verifier_arg,
     run_main,
+    run_spec,
     sampling_of,
 )
 from specdec.chat import check_messages, check_text
@@ -54,7 +52,7 @@ def _messages_arg(text: str) -> list[dict[str, str]]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from specdec.api import run
+    from specdec.api import load, run
 
     if (args.prompt is None) == (args.messages is None):
         raise ValueError("give either --prompt TEXT or --messages JSON")
@@ -63,9 +61,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _messages_arg(args.messages) if args.messages is not None else check_text(args.prompt, "--prompt")
     )
     sampling = sampling_of(args)
-    verifier, drafter, block = load_models(args)
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=block, sampling=sampling)
-    result = run(verifier, [prompt], drafter=drafter, cfg=cfg, out=out, progress=False)
+    m = load(run_spec(args))
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=m.block_size, sampling=sampling)
+    result = run(m.verifier, [prompt], drafter=m.drafter, cfg=cfg, out=out, progress=False)
     text = result["prompts"][0]["text"]
     print(text if text is not None else result["prompts"][0]["output_tokens"])
     print(summary_line(result["summary"]), file=sys.stderr)
@@ -76,12 +74,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_bench_verify(args: argparse.Namespace) -> int:
     """The loaded verifier's cost of a verify of 1..16 tokens at a few context lengths, as a table."""
+    from specdec.api import RunSpec, load
     from specdec.evals.replay import bench_verify
     from specdec.records import atomic_write_json
 
     out = check_output_path(args.out) if args.out else None
-    verifier = load_verifier_arg(args)
-    table = bench_verify(verifier, contexts=args.contexts, sizes=args.sizes, reps=args.reps)
+    spec = RunSpec(
+        verifier=args.verifier, model=args.model, dtype=args.dtype, device=args.device, drafter="none"
+    )
+    table = bench_verify(load(spec).verifier, contexts=args.contexts, sizes=args.sizes, reps=args.reps)
     for ctx, row in table["relative"].items():
         cells = "  ".join(f"{b}: {table['seconds'][ctx][b] * 1e3:.1f} ms ({r:.2f}x)" for b, r in row.items())
         print(f"context {ctx}: {cells}")
@@ -109,14 +110,7 @@ def default_platform() -> tuple[str, str]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: a short HumanEval eval of the bundled drafter against the AR baseline."""
-    from specdec.api import (
-        bundled_corpus,
-        check_device_dtype,
-        check_drafter_fits,
-        load_drafter,
-        load_verifier_auto,
-    )
-    from specdec.costs import VerifyCosts
+    from specdec.api import RunSpec, bundled_corpus, load
     from specdec.evals.datasets import load_dataset
     from specdec.evals.report import print_summary_table
     from specdec.evals.run import OUTPUT_NAMES, run_eval
@@ -124,32 +118,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, OUTPUT_NAMES)  # before any work
     runtime, device = default_platform()
     runtime, device = args.verifier or runtime, args.device or device
-    check_drafter_runtimes(runtime, [args.drafter_runtime])
-    check_device_dtype(device)
     cpu = device == "cpu"
     # on a small CPU a verify of 8 tokens costs ~1.5-2x a one-token step, so draft only what is likely
     # accepted: lookup where the text repeats, the n-grams of the verifier's own answers in the bundled
     # training corpus, DFlash where neither has a draft, each cut where it commits the most tokens per
     # verify cost, as measured here at start (a few seconds)
     lookup = cpu and not args.no_lookup
-    spec = f"bundled:{args.model}" + ("+lookup" if lookup else "")
-    check_drafter_fits(spec, args.model)
-    corpus = bundled_corpus(args.model) if lookup and not args.no_corpus else None
-    verifier, dtype, why = load_verifier_auto(runtime, args.model, dtype=args.dtype, device="cpu")
-    costs = VerifyCosts.measure(verifier) if cpu and args.min_confidence is None else None
-    if costs is not None:
-        print(costs.summary(), file=sys.stderr)
-    drafter = load_drafter(
-        spec, verifier=verifier, device=device, dtype=dtype, min_confidence=args.min_confidence or 0.0,
-        runtime=args.drafter_runtime, corpus=corpus, costs=costs,
+    corpus = lookup and not args.no_corpus and bundled_corpus(args.model) is not None
+    spec = RunSpec(
+        verifier=runtime, model=args.model, dtype=args.dtype, device=device, verifier_device="cpu",
+        drafter=f"bundled:{args.model}" + ("+lookup" if lookup else ""), drafter_runtime=args.drafter_runtime,
+        block_size=args.block_size, corpus=f"bundled:{args.model}" if corpus else None,
+        min_confidence=args.min_confidence if args.min_confidence is not None else "auto" if cpu else 0.0,
     )  # fmt: skip
+    m = load(spec)
+    verifier, drafter = m.verifier, m.drafter
     records = load_dataset("humaneval", args.limit)
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size or drafter.block_size)
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=m.block_size)
     print(
-        f"{runtime} verifier {verifier.model_name} [{dtype}: {why}] + {drafter.name} on {device}",
-        file=sys.stderr,
+        f"{runtime} verifier {verifier.model_name} ({m.dtype}) + {drafter.name} on {device}", file=sys.stderr
     )
-    extra = {"dtype_choice": {"dtype": dtype, "reason": why}}
+    extra = {"dtype_choice": {"dtype": m.dtype, "reason": m.dtype_reason}}
     result = run_eval(verifier, records, drafter=drafter, cfg=cfg, out_dir=out, config_extra=extra)
     print_summary_table(result)
     print(f"report: {out / 'report.md'}\nresult: {out / 'result.json'}")

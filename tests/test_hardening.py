@@ -273,13 +273,14 @@ def test_block_size_defaults_to_the_drafters(tmp_path, capsys):
     assert json.loads(out.read_text())["config"]["block_size"] == 4
     import argparse
 
-    from specdec.args import load_models
+    from specdec.api import load
+    from specdec.args import run_spec
     from specdec.serve import add_serve_args
 
     p = argparse.ArgumentParser()
     add_serve_args(p)
-    _, drafter, block = load_models(p.parse_args(["--drafter", str(folder)]))
-    assert block == drafter.block_size == 4
+    m = load(run_spec(p.parse_args(["--drafter", str(folder)])))
+    assert m.block_size == m.drafter.block_size == 4
 
 
 # ---- 4-5. outputs: nothing that is not ours is replaced, earlier steps are never truncated -----------------

@@ -7,12 +7,13 @@ import socket
 import sys
 from typing import Any
 
+from specdec.api import load
 from specdec.args import (
     add_drafter_args,
     add_sampling_args,
     add_verifier_args,
     at_least,
-    load_models,
+    run_spec,
     sampling_of,
 )
 from specdec.serve.app import build_app
@@ -68,7 +69,8 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     import uvicorn
 
     sampling = sampling_of(args)
-    verifier, drafter, block = load_models(args)
+    m = load(run_spec(args))
+    verifier, drafter, block = m.verifier, m.drafter, m.block_size
     engine = Engine(
         verifier, drafter, block_size=block, max_context=args.max_context, reuse=not args.no_reuse
     )
