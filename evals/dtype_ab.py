@@ -16,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from specdec.args import Parser, at_least, run_main
+from specdec.args import Parser, add_max_new_tokens, at_least, run_main
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", nargs=2, default=["float32", "bfloat16"], metavar="DTYPE")
     p.add_argument("--dataset", choices=["humaneval", "mtbench"], default="humaneval")
     p.add_argument("--limit", type=at_least(1), default=10)
-    p.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    add_max_new_tokens(p, default=128)
     p.add_argument("--out", help="write the figures here (JSON)")
     p.set_defaults(func=_run)
     return p

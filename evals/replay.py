@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.args import Parser, add_verifier_args, at_least, finite, run_main
+from specdec.args import Parser, add_max_new_tokens, add_verifier_args, at_least, finite, run_main
 from specdec.costs import VerifyCosts, measure_costs
 from specdec.drafting.dflash import DFlashDrafter
 from specdec.drafting.lookup import LOOKUP_ACCEPT, Chances, lookup_accept
@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dataset", default="humaneval", choices=("humaneval", "mtbench"))
     p.add_argument("--limit", type=at_least(1), default=10)
     p.add_argument("--turns", type=int, default=1, choices=(1, 2))
-    p.add_argument("--max-new-tokens", type=at_least(1), default=256)
+    add_max_new_tokens(p, default=256)
     grid = [0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9]
     p.add_argument("--grid", type=finite(0, 1), nargs="+", default=grid, help="--min-confidence values")
     p.add_argument(

@@ -40,6 +40,7 @@ from specdec.api import DRAFTER_RUNTIMES, check_drafter_runtimes, drafter_for, l
 from specdec.args import (
     Parser,
     add_drafter_args,
+    add_max_new_tokens,
     add_sampling_args,
     add_verifier_args,
     at_least,
@@ -496,7 +497,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--limit", type=at_least(1), help="first N prompts of each dataset (default: all)")
     p.add_argument("--turns", type=int, choices=[1, 2], default=1, help="2: MT-Bench second turns too")
-    p.add_argument("--max-new-tokens", type=at_least(1), default=256)
+    add_max_new_tokens(p, default=256)
     add_verifier_args(p)
     add_drafter_args(p)
     p.add_argument("--out", required=True, help="output folder: result.json, steps.jsonl, report.md, PNGs")

@@ -20,6 +20,7 @@ import torch
 from specdec.bundled import bundled_corpus, bundled_drafter
 from specdec.chat import encode_prompt
 from specdec.costs import VerifyCosts, choose_block
+from specdec.drafting.lookup import LOOKUP_BLOCK_SIZE
 from specdec.engine import DecodeConfig, check_request, generate
 from specdec.protocols import Describes, Drafter, Verifier
 from specdec.records import (
@@ -41,7 +42,6 @@ __all__ = [
 
 RUNTIMES = ("stub", "hf", "mlx")  # verifier runtimes
 DRAFTER_RUNTIMES = ("torch", "mlx")
-LOOKUP_BLOCK_SIZE = 16  # prompt lookup has no block size of its own
 
 _DTYPES = {
     "float32": torch.float32,
@@ -215,7 +215,7 @@ def load_drafter(
     spec: str | None,
     *,
     verifier: Verifier,
-    block_size: int = 16,
+    block_size: int = LOOKUP_BLOCK_SIZE,
     device: str = "cpu",
     dtype: str = "float32",
     min_confidence: float = 0.0,

@@ -21,6 +21,7 @@ from specdec.sampling import PROPOSALS, RULES, SamplingParams
 __all__ = [
     "Parser",
     "add_drafter_args",
+    "add_max_new_tokens",
     "add_sampling_args",
     "add_verifier_args",
     "at_least",
@@ -135,6 +136,13 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
         help="end a corpus n-gram draft where its running share (how often the corpus continued so) "
         "falls below this",
     )  # fmt: skip
+
+
+def add_max_new_tokens(p: argparse.ArgumentParser, *, default: int) -> None:
+    """`--max-new-tokens`, with the command's own default (a quick demo, one prompt, a benchmark)."""
+    p.add_argument(
+        "--max-new-tokens", type=at_least(1), default=default, help=f"per answer (default {default})"
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

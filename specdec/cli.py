@@ -11,6 +11,7 @@ from specdec.api import DRAFTER_RUNTIMES
 from specdec.args import (
     Parser,
     add_drafter_args,
+    add_max_new_tokens,
     add_sampling_args,
     add_verifier_args,
     at_least,
@@ -154,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_drafter_args(g)
     g.add_argument("--prompt")
     g.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
-    g.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    add_max_new_tokens(g, default=128)
     add_sampling_args(g)
     g.add_argument("--out", help="write the result JSON here (steps go to <out>.steps.jsonl)")
     g.set_defaults(func=cmd_generate)
@@ -199,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--device", help="drafter device; default: mps on Apple Silicon, cpu elsewhere")
     d.add_argument("--dtype", default="auto", help="default auto: bf16 where it is fast and exact, else fp32")
     d.add_argument("--limit", type=at_least(1), default=3)
-    d.add_argument("--max-new-tokens", type=at_least(1), default=96)
+    add_max_new_tokens(d, default=96)
     d.add_argument("--block-size", type=at_least(1), help="default: the drafter's block size")
     d.add_argument(
         "--min-confidence", type=finite(0, 1),

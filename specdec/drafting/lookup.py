@@ -18,9 +18,13 @@ from specdec.memory import probe_for_device
 from specdec.protocols import MemoryProbe, Verifier
 
 __all__ = [
-    "LOOKUP_ACCEPT", "LOOKUP_NGRAMS", "Chances", "PromptLookupDrafter", "lookup_accept", "lookup_chances",
-    "sample_answers",
+    "LOOKUP_ACCEPT", "LOOKUP_BLOCK_SIZE", "LOOKUP_NGRAMS", "Chances", "PromptLookupDrafter", "lookup_accept",
+    "lookup_chances", "sample_answers",
 ]  # fmt: skip
+
+
+#: the block prompt lookup drafts in (it has no model, so no block size of its own): up to 15 tokens a step
+LOOKUP_BLOCK_SIZE = 16
 
 
 class PromptLookupDrafter:
@@ -30,7 +34,9 @@ class PromptLookupDrafter:
     feature_dim = 0
     vocab_size = None
 
-    def __init__(self, *, block_size: int = 16, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(
+        self, *, block_size: int = LOOKUP_BLOCK_SIZE, max_ngram: int = 3, min_ngram: int = 1
+    ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.block_size, self.max_ngram, self.min_ngram = block_size, max_ngram, min_ngram

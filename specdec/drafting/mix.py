@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.lookup import LOOKUP_NGRAMS, PromptLookupDrafter, lookup_accept
+from specdec.drafting.lookup import LOOKUP_BLOCK_SIZE, LOOKUP_NGRAMS, PromptLookupDrafter, lookup_accept
 from specdec.drafting.ngrams import CorpusNgrams, chances_of
 from specdec.drafting.policy import Calibration, Draft, DraftPolicy
 from specdec.protocols import Describes, Drafter, MemoryProbe, Verifier
@@ -38,7 +38,7 @@ class LookupFirstDrafter:
         self,
         drafter: Drafter,
         *,
-        block_size: int = 16,
+        block_size: int = LOOKUP_BLOCK_SIZE,
         corpus: CorpusNgrams | None = None,
         policy: DraftPolicy | None = None,
     ) -> None:
