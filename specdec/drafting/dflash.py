@@ -607,11 +607,7 @@ class DFlashDrafter:
 
     def describe(self) -> dict[str, Any]:
         """For the result JSON (`specdec.protocols.Describes`): where it was loaded from and its cut."""
-        costs = self.policy.costs
-        return {
-            "path": self.path, "min_confidence": self.policy.min_confidence,
-            "costs": None if costs is None else costs.to_json(),
-        }  # fmt: skip
+        return {"path": self.path, **self.policy.describe()}
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write this drafter's config + weights in the public format."""

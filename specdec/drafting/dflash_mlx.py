@@ -257,11 +257,7 @@ class MLXDFlashDrafter:
 
     def describe(self) -> dict[str, Any]:
         """For the result JSON (`specdec.protocols.Describes`): where it was loaded from and its cut."""
-        costs = self.policy.costs
-        return {
-            "path": self.path, "min_confidence": self.policy.min_confidence,
-            "costs": None if costs is None else costs.to_json(),
-        }  # fmt: skip
+        return {"path": self.path, **self.policy.describe()}
 
     # ---- protocol ----------------------------------------------------------------------------------------
 

@@ -66,9 +66,8 @@ class LookupFirstDrafter:
         """For the result JSON: the wrapped drafter's fields, the corpus, proposals by source so far."""
         inner = self.drafter.describe() if isinstance(self.drafter, Describes) else {}
         corpus = None if self.corpus is None else {"path": self.corpus.source, "cut": self.policy.corpus_cut}
-        costs = self.policy.costs
         return inner | {
-            "costs": None if costs is None else costs.to_json(),
+            "costs": self.policy.describe()["costs"],
             "corpus": corpus,
             "proposals": dict(self.counts),
         }

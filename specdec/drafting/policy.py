@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from specdec.costs import VerifyCosts
 
@@ -107,6 +108,11 @@ class DraftPolicy:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.min_confidence and self.costs is not None:
             raise ValueError("give min_confidence or verify costs, not both: each sets where drafts are cut")
+
+    def describe(self) -> dict[str, Any]:
+        """For the result JSON: the confidence cut and the verify costs (None: not cut by cost)."""
+        costs = None if self.costs is None else self.costs.to_json()
+        return {"min_confidence": self.min_confidence, "costs": costs}
 
     def needs_confidence(self, source: str) -> bool:
         """Whether `cut` reads the confidence of a draft of `source` (a proposer may skip computing it)."""
