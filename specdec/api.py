@@ -53,6 +53,16 @@ _DTYPES = {
 }
 
 
+def _check_choice(what: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {choices}")
+
+
+def _check_stub_model(runtime: str, model: str | None) -> None:
+    if runtime == "stub" and model is not None:
+        raise ValueError(f"the stub verifier has a model of its own; --model {model!r} is for hf / mlx")
+
+
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
@@ -139,11 +149,11 @@ def load_verifier(
 ) -> Verifier:
     """`runtime` is "stub", "hf" or "mlx"; `model` a short name (smollm2-135m, gemma3-270m), a local HF
     folder, or (mlx) an mlx-community repo id."""
+    _check_choice("verifier runtime", runtime, RUNTIMES)
+    _check_stub_model(runtime, model)
     if runtime == "stub":
         from specdec.verifiers.stub import StubVerifier
 
-        if model is not None:
-            raise ValueError(f"the stub verifier has a model of its own; --model {model!r} is for hf / mlx")
         return StubVerifier(dtype=torch_dtype(dtype))
     if model is None:
         raise ValueError(f"--model is required for the {runtime!r} verifier")
@@ -153,12 +163,10 @@ def load_verifier(
 
         check_device_dtype(device, torch_dtype(dtype))
         return HFVerifier(resolve_model(model), dtype=torch_dtype(dtype), device=device)
-    if runtime == "mlx":
-        from specdec.models import resolve_model
-        from specdec.verifiers.mlx import MLXVerifier
+    from specdec.models import resolve_model  # runtime "mlx"
+    from specdec.verifiers.mlx import MLXVerifier
 
-        return MLXVerifier(resolve_model(model), dtype=dtype)
-    raise ValueError(f"unknown verifier runtime {runtime!r}; choose one of {RUNTIMES}")
+    return MLXVerifier(resolve_model(model), dtype=dtype)
 
 
 def check_drafter(spec: str | None) -> Path | None:
@@ -189,7 +197,6 @@ def check_drafter_fits(spec: str | None, model: str | None) -> None:
     """Before either loads: a DFlash drafter against the verifier model's config.json, where that is on
     disk already (a local folder, or a bundled model fetched before): its target layers, hidden size and
     vocabulary, with the offending values (`checkpoint.check_target`, as `bind` checks the verifier)."""
-    import json
     from types import SimpleNamespace
 
     from specdec.drafting.checkpoint import check_target, load_config
@@ -238,8 +245,7 @@ def load_drafter(
     the most tokens per verify cost; a "+lookup" drafter then picks the better of lookup and corpus."""
     from specdec.drafting.policy import DraftPolicy
 
-    if runtime not in DRAFTER_RUNTIMES:
-        raise ValueError(f"unknown drafter runtime {runtime!r}; choose one of {DRAFTER_RUNTIMES}")
+    _check_choice("drafter runtime", runtime, DRAFTER_RUNTIMES)
     policy = DraftPolicy(min_confidence=min_confidence, corpus_cut=corpus_cut, costs=costs)  # checked here
     if corpus is not None:
         from specdec.drafting.ngrams import check_corpus
@@ -342,20 +348,13 @@ class RunSpec:
         table, read (None: none given)."""
         from specdec.drafting.policy import DraftPolicy
 
-        if self.verifier not in RUNTIMES:
-            raise ValueError(f"unknown verifier runtime {self.verifier!r}; choose one of {RUNTIMES}")
-        if self.drafter_runtime not in DRAFTER_RUNTIMES:
-            raise ValueError(
-                f"unknown drafter runtime {self.drafter_runtime!r}; choose one of {DRAFTER_RUNTIMES}"
-            )
+        _check_choice("verifier runtime", self.verifier, RUNTIMES)
+        _check_choice("drafter runtime", self.drafter_runtime, DRAFTER_RUNTIMES)
+        _check_stub_model(self.verifier, self.model)
         check_drafter_runtimes(self.verifier, [self.drafter_runtime])
         dtype = None if self.dtype == "auto" else torch_dtype(self.dtype)
         for device in {self.device, self.verifier_device or self.device}:
             check_device_dtype(device, dtype)
-        if self.verifier == "stub" and self.model is not None:
-            raise ValueError(
-                f"the stub verifier has a model of its own; --model {self.model!r} is for hf / mlx"
-            )
         table = self._cost_table()
         DraftPolicy(min_confidence=self.fixed_confidence, corpus_cut=self.corpus_cut)  # their ranges
         if self.corpus is not None:

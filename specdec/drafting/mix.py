@@ -91,7 +91,8 @@ class LookupFirstDrafter:
 
     def propose(self, last_token: int, n: int) -> list[int]:
         tokens, g = self.lookup.match(last_token, n)
-        looked = Draft(tokens, "lookup", lookup_accept(g, len(tokens), self.lookup_chances))
+        chances = lookup_accept(g, len(tokens), self.lookup_chances) if self.policy.costs is not None else []
+        looked = Draft(tokens, "lookup", chances)  # lookup's drafts are cut by their chances under costs only
         mined = Draft([], "corpus")
         if self.corpus is not None and (self.policy.costs is not None or not tokens):
             seq = self.lookup._tokens  # the committed tokens; the chain reads the last max_order
