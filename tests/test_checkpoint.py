@@ -85,7 +85,7 @@ def test_default_target_layer_ids():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_save_load_round_trip_is_bit_identical(tmp_path, dtype):
-    cfg = tiny_cfg(extra={"auto_map": {"AutoModel": "x"}, "rope_scaling": None})
+    cfg = tiny_cfg(extra={"auto_map": {"AutoModel": "x"}})
     model = DFlashDraftModel(cfg).to(dtype)
     with torch.no_grad():
         for p in model.parameters():
@@ -259,3 +259,49 @@ def test_draft_vocabulary_round_trip(tmp_path):
     for bad, match in (([0, 2, 2], "repeated"), ([0, 10**6], "must lie"), ([], "empty")):
         with pytest.raises(ValueError, match=match):
             tiny_cfg(draft_vocab=bad)
+
+
+# ---- RoPE scaling (Qwen3.6 drafters: YaRN) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+        {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096, "truncate": False},
+        {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 16,
+         "mscale": 1.0, "mscale_all_dim": 0.707},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512,
+         "attention_factor": 1.5},
+    ],
+)  # fmt: skip
+def test_rope_frequencies_are_transformers_own(scaling):
+    """The drafters' RoPE frequencies and cos/sin factor equal transformers' own for each scaling type."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from specdec.drafting.checkpoint import rope_frequencies
+
+    raw = {**tiny_cfg().to_dict(), "rope_scaling": scaling}
+    cfg = DFlashConfig.from_dict(raw)
+    assert cfg.rope_scaling == scaling and DFlashConfig.from_dict(cfg.to_dict()) == cfg  # round trip
+    hf = transformers.Qwen3Config(
+        head_dim=cfg.head_dim, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters={"rope_theta": cfg.rope_theta, **scaling},
+    )  # fmt: skip
+    inv_hf, scale_hf = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](hf, "cpu")
+    inv, scale = rope_frequencies(cfg)
+    torch.testing.assert_close(torch.tensor(inv, dtype=torch.float32), inv_hf, rtol=1e-6, atol=0)
+    assert scale == pytest.approx(scale_hf, rel=1e-7)
+
+
+def test_unsupported_rope_is_refused_in_one_line():
+    for bad, match in (
+        ({"rope_type": "longrope", "factor": 2.0}, "RoPE type 'longrope' is not supported"),
+        ({"rope_type": "yarn", "factor": 4.0}, "needs 'original_max_position_embeddings'"),
+        ({"rope_type": "linear"}, "needs a positive 'factor'"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            DFlashConfig.from_dict({**tiny_cfg().to_dict(), "rope_scaling": bad})

@@ -33,10 +33,18 @@ FAMILIES = {
 }
 
 
+#: Qwen3.6 drafters' RoPE (z-lab/dflash "Fix Qwen3.6 Rope"): YaRN over a short original context, so the
+#: ramp and the attention factor both matter at the test's positions
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+
 def _checkpoint(
-    path: Path, v: MLXVerifier, *, draft_vocab: bool, sliding: bool = False, seed: int = 0
-) -> Path:
-    kw = dict(layer_types=("sliding_attention", "full_attention"), sliding_window=9) if sliding else {}
+    path: Path, v: MLXVerifier, *, draft_vocab: bool, sliding: bool = False, seed: int = 0,
+    rope_scaling: dict | None = None,
+) -> Path:  # fmt: skip
+    kw: dict = dict(layer_types=("sliding_attention", "full_attention"), sliding_window=9) if sliding else {}
+    if rope_scaling:
+        kw["rope_scaling"] = rope_scaling
     cfg = DFlashConfig(
         hidden_size=v.hidden_size, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, intermediate_size=96, vocab_size=v.vocab_size, num_target_layers=v.num_layers,
@@ -62,11 +70,14 @@ def _close(t: torch.Tensor, m: mx.array) -> None:
     np.testing.assert_allclose(np.array(m), t.numpy(), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-@pytest.mark.parametrize("vocab", [False, True], ids=["full-vocab", "draft-vocab"])
-def test_block_logits_match_the_torch_drafter(tmp_path, family, vocab):
+@pytest.mark.parametrize(
+    ("family", "vocab", "rope"),
+    [(f, vocab, None) for f in FAMILIES for vocab in (False, True)] + [("qwen3", False, YARN)],
+)
+def test_block_logits_match_the_torch_drafter(tmp_path, family, vocab, rope):
     v = MLXVerifier(FAMILIES[family](tmp_path / family))
-    t, m = _pair(_checkpoint(tmp_path / "ckpt", v, draft_vocab=vocab, sliding=family == "gemma3"), v)
+    ckpt = _checkpoint(tmp_path / "ckpt", v, draft_vocab=vocab, sliding=family == "gemma3", rope_scaling=rope)
+    t, m = _pair(ckpt, v)
     v.set_target_layers(t.target_layer_ids)
     v.reset()
     prompt = [(5 * i) % 300 + 3 for i in range(30)]

@@ -28,7 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.drafting.checkpoint import SLIDING, DFlashConfig, check_target, load_checkpoint, save_checkpoint
+from specdec.drafting.checkpoint import (
+    SLIDING,
+    DFlashConfig,
+    check_target,
+    load_checkpoint,
+    rope_frequencies,
+    save_checkpoint,
+)
 from specdec.drafting.policy import Draft, DraftPolicy
 from specdec.kernels import use_cpu_linears
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord
@@ -65,12 +72,15 @@ class RMSNorm(nn.Module):
 
 
 def _rope_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [..., T, D] for positions [..., T] (angles in fp32, as HF Qwen3)."""
+    """cos, sin [..., T, D] for positions [..., T] (angles in fp32, as HF Qwen3; both times `scale`,
+    YaRN's attention factor, before the cast)."""
     ang = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, D/2]
     ang = torch.cat([ang, ang], dim=-1)  # [..., T, D]
-    return ang.cos().to(dtype), ang.sin().to(dtype)
+    if scale == 1.0:
+        return ang.cos().to(dtype), ang.sin().to(dtype)
+    return (ang.cos() * scale).to(dtype), (ang.sin() * scale).to(dtype)
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -240,8 +250,12 @@ class DFlashDraftModel(nn.Module):
         # [D/2] fp32, not a parameter of the public format: recomputed from rope_theta, kept out of
         # state_dict and out of .to(dtype) casts (RoPE angles need fp32); follows the device lazily.
         # Built on the CPU explicitly: from_pretrained constructs the module under torch.device("meta").
-        arange = torch.arange(0, D, 2, dtype=torch.float32, device="cpu")
-        self._inv_freq = 1.0 / cfg.rope_theta ** (arange / D)
+        if cfg.rope_scaling is None:
+            arange = torch.arange(0, D, 2, dtype=torch.float32, device="cpu")
+            self._inv_freq, self._rope_scale = 1.0 / cfg.rope_theta ** (arange / D), 1.0
+        else:  # linear / YaRN, as transformers computes them
+            inv, self._rope_scale = rope_frequencies(cfg)
+            self._inv_freq = torch.tensor(inv, dtype=torch.float32, device="cpu")
         # [K] int64 ids the drafter reads out, or None: from the config (not a weight), on the CPU
         # explicitly like _inv_freq; .to(device) moves it, .to(dtype) leaves integer buffers alone
         vocab = None if cfg.draft_vocab is None else torch.tensor(cfg.draft_vocab, device="cpu")
@@ -259,7 +273,7 @@ class DFlashDraftModel(nn.Module):
         """cos, sin [..., T, D] in the model dtype for positions [..., T]."""
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
-        return _rope_cos_sin(positions, self._inv_freq, self.dtype)
+        return _rope_cos_sin(positions, self._inv_freq, self.dtype, self._rope_scale)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [..., K*H] -> injected context hidden states [..., H]."""

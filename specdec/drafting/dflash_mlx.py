@@ -35,6 +35,7 @@ from specdec.drafting.checkpoint import (
     check_target,
     load_config,
     require_file,
+    rope_frequencies,
 )
 from specdec.drafting.policy import Draft, DraftPolicy
 from specdec.memory import mlx_probe
@@ -95,11 +96,22 @@ class MLXDFlashModel(nn.Module):
         self.fc = nn.Linear(cfg.feature_dim, cfg.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self._wavelengths: mx.array | None = None  # [D/2], for mx.fast.rope's `freqs`; None: plain RoPE
+        self._rope_scale = 1.0
+        if cfg.rope_scaling is not None:
+            inv, self._rope_scale = rope_frequencies(cfg)
+            self._wavelengths = 1.0 / mx.array(inv, dtype=mx.float32)
 
     def _rope(self, x: mx.array, offset: int) -> mx.array:
-        """Rotate-half RoPE of x [1, heads, T, D] at positions offset..offset+T-1 (as HF Qwen3)."""
+        """Rotate-half RoPE of x [1, heads, T, D] at positions offset..offset+T-1 (as HF Qwen3; with
+        linear / YaRN scaling the frequencies and factor of `rope_frequencies`, as the torch drafter)."""
+        D = self.cfg.head_dim
+        if self._wavelengths is None:
+            return mx.fast.rope(x, D, traditional=False, base=self.cfg.rope_theta, scale=1.0, offset=offset)
+        if self._rope_scale != 1.0:
+            x = x * self._rope_scale
         return mx.fast.rope(
-            x, self.cfg.head_dim, traditional=False, base=self.cfg.rope_theta, scale=1.0, offset=offset
+            x, D, traditional=False, base=None, scale=1.0, offset=offset, freqs=self._wavelengths
         )
 
     def context_kv(self, features: mx.array, start: int) -> list[tuple[mx.array, mx.array]]:
