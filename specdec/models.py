@@ -333,34 +333,51 @@ def _fix_config(out: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+#: transformers' text-only model types and the mlx_lm model that reads them as its `text_config`
+_TEXT_ONLY = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+
+
 def config_fixes(config: dict[str, Any]) -> dict[str, Any]:
     """Config fields mlx_lm needs at the top level that transformers 5 stores elsewhere (pass as
     `model_config`). Without them mlx_lm silently uses its defaults (rope_theta 10000, window pattern 6,
-    Gemma 4's global head_dim 512) or fails to build (Qwen3-MoE's `num_experts`). A Gemma 4 multimodal
-    config gets its fixes inside `text_config`."""
+    Gemma 4's global head_dim 512) or fails to build (Qwen3-MoE's `num_experts`). A Gemma 4 or Qwen3.5
+    multimodal config gets its fixes inside `text_config`; a text-only Qwen3.5 (`qwen3_5_text`, which
+    mlx_lm has no module for) becomes the `text_config` of the multimodal type."""
     text = config.get("text_config")
-    if config.get("model_type") == "gemma4" and isinstance(text, dict):
-        inner = config_fixes(text)
+    mtype = config.get("model_type")
+    if mtype in ("gemma4", "qwen3_5", "qwen3_5_moe") and isinstance(text, dict):
+        inner = _flat_fixes(text)
         return {"text_config": {**text, **inner}} if inner else {}
+    if mtype in _TEXT_ONLY:  # transformers' text-only Qwen3.5 layout: mlx_lm reads it as the outer model's
+        return {"model_type": _TEXT_ONLY[mtype], "text_config": {**config, **_flat_fixes(config)}}
+    return _flat_fixes(config)
+
+
+def _flat_fixes(config: dict[str, Any]) -> dict[str, Any]:
+    """`config_fixes` of one flat (text) config."""
+    mtype = config.get("model_type")
     fixes: dict[str, Any] = {}
     rope = config.get("rope_parameters")
-    if isinstance(rope, dict) and "rope_theta" not in config:
+    if isinstance(rope, dict):  # each field only where the config has no top-level value of its own
         per_type = {k: v for k, v in rope.items() if isinstance(v, dict)}
         full = per_type.get("full_attention", rope) if per_type else rope
-        if "rope_theta" in full:
+        if "rope_theta" in full and "rope_theta" not in config:
             fixes["rope_theta"] = full["rope_theta"]
         if not per_type and "partial_rotary_factor" in full and "partial_rotary_factor" not in config:
             fixes["partial_rotary_factor"] = full["partial_rotary_factor"]  # e.g. qwen3_next
         if full.get("rope_type", "default") != "default" and config.get("rope_scaling") is None:
-            fixes["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
+            fixes["rope_scaling"] = {
+                k: v for k, v in full.items() if k != "rope_theta"
+            }  # e.g. gpt-oss's YaRN
         sliding = per_type.get("sliding_attention")
         if sliding and "rope_theta" in sliding and "rope_local_base_freq" not in config:
             fixes["rope_local_base_freq"] = sliding["rope_theta"]
     types = config.get("layer_types")
     # mlx_lm derives these layer patterns from a period that transformers 5 no longer writes
     period_keys = {"gemma3_text": ("sliding_window_pattern", "sliding_attention"),
-                   "qwen3_next": ("full_attention_interval", "linear_attention")}  # fmt: skip
-    mtype = config.get("model_type")
+                   "qwen3_next": ("full_attention_interval", "linear_attention"),
+                   "qwen3_5_text": ("full_attention_interval", "linear_attention"),
+                   "qwen3_5_moe_text": ("full_attention_interval", "linear_attention")}  # fmt: skip
     if mtype in period_keys and types and period_keys[mtype][0] not in config:
         key, other = period_keys[mtype]
         if "full_attention" not in types:

@@ -95,3 +95,14 @@ class RandomDrafter(ScriptedDrafter):
 
     def propose(self, last_token: int, n: int) -> list[int]:
         return torch.randint(0, self.vocab, (n,), generator=self.gen).tolist()
+
+
+def check_acceptance(steps: Sequence, kind: str) -> None:
+    """What each test drafter's decode steps must show: an oracle ("all") accepted every draft; a scripted
+    part ("part", "gappy") some but not all; "gappy" had steps without drafts between drafted ones."""
+    if kind == "all":
+        assert all(s.accepted == s.drafted for s in steps)
+    if kind in ("part", "gappy"):
+        assert 0 < sum(s.accepted for s in steps) < sum(s.drafted for s in steps)
+    if kind == "gappy":
+        assert any(s.drafted == 0 for s in steps[1:-1])

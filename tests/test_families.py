@@ -1,4 +1,4 @@
-"""Gemma 4 (dense, MoE) and Qwen3 (dense, MoE) on both verifiers, plus the models refused for rollback.
+"""Gemma 4 (dense, MoE) and Qwen3 (dense, MoE) on both verifiers (hybrids: tests/test_hybrids.py).
 
 Tiny random folders from tests/tinymodels.py, fp32, loaded by transformers and mlx_lm alike. Gemma 4 dense
 has per-layer inputs and 2 KV-shared layers (no cache entry of their own), Gemma 4 MoE has the MoE block
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from drafters import RandomDrafter, ScriptedDrafter, greedy_reference
+from drafters import RandomDrafter, ScriptedDrafter, check_acceptance, greedy_reference
 
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
@@ -131,6 +131,18 @@ def test_config_fixes_for_new_families():
     assert config_fixes({"num_local_experts": 4, "rope_theta": 1.0}) == {"num_experts": 4}
     nxt = {"model_type": "qwen3_next", "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
     assert config_fixes(nxt) == {"full_attention_interval": 4}
+    # a top-level rope_theta does not hide the rest of rope_parameters (gpt-oss's YaRN was lost so)
+    yarn = {"rope_type": "yarn", "factor": 32.0, "rope_theta": 150000.0, "truncate": False}
+    got = config_fixes({"model_type": "gpt_oss", "rope_theta": 150000.0, "rope_parameters": yarn})
+    assert got == {"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "truncate": False}}
+    rope = {"rope_theta": 1e7, "partial_rotary_factor": 0.25}
+    assert config_fixes({**nxt, "rope_theta": 1e7, "rope_parameters": rope})["partial_rotary_factor"] == 0.25
+    # Qwen3.5: the multimodal config gets its fixes inside text_config; the text-only one becomes one
+    text = {**nxt, "model_type": "qwen3_5_text", "rope_parameters": rope}
+    inner = config_fixes({"model_type": "qwen3_5", "text_config": text})["text_config"]
+    assert inner["full_attention_interval"] == 4 and inner["model_type"] == "qwen3_5_text"
+    outer = config_fixes(text)
+    assert outer["model_type"] == "qwen3_5" and outer["text_config"]["rope_theta"] == 1e7
 
 
 # ---- cross-runtime: logits and features ------------------------------------------------------------------
@@ -195,11 +207,7 @@ def test_greedy_equivalence(verifiers, refs, rt, fam, kind):
     cfg = DecodeConfig(max_new_tokens=N_NEW, block_size=8, stop_token_ids=frozenset())
     res = generate(v, PROMPT, drafter=drafter, cfg=cfg)
     assert res.output_tokens == ref
-    steps = res.decode_steps
-    if kind == "all":
-        assert all(s.accepted == s.drafted for s in steps)
-    if kind == "part":
-        assert 0 < sum(s.accepted for s in steps) < sum(s.drafted for s in steps)
+    check_acceptance(res.decode_steps, kind)
     # the drafter got exactly the committed positions' features, equal to a one-shot prefill's
     full = torch.cat(drafter.features)  # [P + n, K*H]
     seq = PROMPT + ref
@@ -380,50 +388,6 @@ def test_drafter_mismatches_fail_clearly(tmp_path, verifiers):
 
 def vars_of(cfg: DFlashConfig) -> dict:
     return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "extra"}
-
-
-# ---- refused: models that cannot be rolled back ----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def linear_attention_paths(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("linear")
-    small = dict(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, linear_num_value_heads=2, linear_num_key_heads=2,
-        linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=2,
-    )  # fmt: skip
-    moe = dict(
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32
-    )
-    out = {}
-    for name, kw in (("qwen3_next", moe), ("qwen3_5_text", {})):
-        torch.manual_seed(0)
-        cfg = transformers.AutoConfig.for_model(name, **small, **kw)
-        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(root / name)
-        out[name] = root / name
-    return out
-
-
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
-def test_linear_attention_models_refused_at_load(linear_attention_paths, name):
-    """transformers' own Gated DeltaNet code fails inside on our cache even without a drafter (a
-    TypeError): the HF verifier refuses the folder with the reason, before the weights load."""
-    with pytest.raises(ValueError, match=r"layer types \['linear_attention'\].*runs attention-only models"):
-        HFVerifier(linear_attention_paths[name])
-
-
-def test_linear_attention_refused_on_mlx(linear_attention_paths):
-    v = MLXVerifier(linear_attention_paths["qwen3_next"])
-    drafter = ScriptedDrafter(PROMPT, vocab=320, block_size=4)
-    with pytest.raises(
-        RuntimeError, match=r"cache types \['ArraysCache'\] for its layer types \['linear_attention'\]"
-    ):
-        generate(v, PROMPT[:8], drafter=drafter, cfg=DecodeConfig(max_new_tokens=4, block_size=4))
-    assert v.position == 0
-    # mlx_lm has no text-only Qwen3.5: a clear load error, not a half-working model
-    with pytest.raises(ValueError, match="qwen3_5_text not supported"):
-        MLXVerifier(linear_attention_paths["qwen3_5_text"])
 
 
 # ---- transformers bug worked around ----------------------------------------------------------------------

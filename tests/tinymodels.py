@@ -128,3 +128,80 @@ def tiny_tokenizer(path: Path, *, chat_template: str | None = None, bos: int = 2
         tok.chat_template = chat_template
     tok.save_pretrained(path)
     return path
+
+
+def _sharpen(model, factor: float = 4.0) -> None:
+    """Scale the LM head so a random model's argmax leads its runner-up by a clear margin (rounding noise
+    between two correct implementations then cannot flip a greedy choice)."""
+    import torch
+
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(factor)
+
+
+#: Gated DeltaNet widths of the tiny hybrids: 32 value heads as Qwen3.5-4B / 9B / 35B-A3B and Qwen3-Next
+#: have (on a CPU the per-head gates of one token then fill whole vectors, as in a verify of several)
+_GDN = dict(linear_num_value_heads=32, linear_num_key_heads=16, linear_key_head_dim=4,
+            linear_value_head_dim=4, linear_conv_kernel_dim=4)  # fmt: skip
+_HYBRID = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+               tie_word_embeddings=False, bos_token_id=2, eos_token_id=1, pad_token_id=0)  # fmt: skip
+_MOE = dict(
+    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32
+)
+
+
+def tiny_qwen3_5(path: Path, *, seed: int = 0, moe: bool = False, multimodal: bool = True) -> Path:
+    """Qwen3.5 (dense, or MoE: top-2 of 4 experts plus a shared expert): 3 Gated DeltaNet layers then one
+    gated full-attention layer, twice. `multimodal`: the layout of the real checkpoints
+    (`Qwen3_5ForConditionalGeneration`: `text_config`, a tiny vision tower, `model.language_model.*`);
+    otherwise transformers' text-only `Qwen3_5ForCausalLM`."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    name = "qwen3_5_moe" if moe else "qwen3_5"
+    text = dict(**_HYBRID, **_GDN, **(_MOE if moe else {}))
+    if multimodal:
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                      patch_size=4, num_position_embeddings=16)  # fmt: skip
+        cfg = transformers.AutoConfig.for_model(name, text_config=text, vision_config=vision)
+        model = transformers.AutoModelForImageTextToText.from_config(cfg).eval()
+    else:
+        cfg = transformers.AutoConfig.for_model(f"{name}_text", **text)
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    _sharpen(model)
+    return _save(model, path)
+
+
+def tiny_qwen3_next(path: Path, *, seed: int = 0) -> Path:
+    """Qwen3-Next: the Qwen3.5 hybrid with fused projections and MoE in every layer."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.AutoConfig.for_model("qwen3_next", **_HYBRID, **_GDN, **_MOE)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    _sharpen(model)
+    return _save(model, path)
+
+
+def tiny_gpt_oss(path: Path, *, seed: int = 0, sliding_window: int = 16) -> Path:
+    """gpt-oss: sliding and full attention layers alternating, attention sinks (made non-zero), biased
+    projections, top-2 of 4 experts with the clamped SwiGLU, YaRN RoPE."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.AutoConfig.for_model(
+        "gpt_oss", vocab_size=320, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=sliding_window, max_position_embeddings=1024,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+    _sharpen(model)
+    return _save(model, path)

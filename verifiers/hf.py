@@ -13,6 +13,14 @@ window is full raises instead of silently corrupting the cache.
 Gemma 4's KV-shared layers get a `DummyLayer` (no cache of their own: they attend over their producer
 layer's keys/values), which holds nothing to roll back.
 
+Gated DeltaNet layers (Qwen3.5 / 3.6, Qwen3-Next: `linear_attention`) roll back with transformers' own
+recording: a call of at most `MAX_RECORDED` tokens runs their recurrence token by token, as one-token
+steps do, and keeps the state after each position, and the conv layers keep their inputs until the next
+crop, which takes the state and conv window of the accepted prefix and lets the rest go. Longer calls
+(prefills) take transformers' chunked kernel and keep no states: a rollback into one raises
+`RollbackError`. Chosen over re-running the accepted prefix from a saved state (the MLX verifier's way)
+because transformers computes the per-position states anyway; the cost is measured in docs/hybrids.md.
+
 Features are the raw outputs of the chosen decoder layers (`model.model.layers[l]`, i.e. HF
 `hidden_states[l+1]`, and for the last layer the output *before* the final norm), captured by forward
 hooks that exist only while target layers are set, for exactly the positions of the last call.
@@ -45,8 +53,17 @@ from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, Sam
 
 __all__ = ["EXACT_ROLLBACK_LAYER_TYPES", "HFVerifier"]
 
-#: `config.layer_types` entries whose cache layer `crop` restores exactly (attention with a KV cache).
-EXACT_ROLLBACK_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+#: `config.layer_types` entries whose cache layer `crop` restores exactly: attention with a KV cache, and
+#: Gated DeltaNet (`linear_attention`: Qwen3.5 / 3.6, Qwen3-Next) with one recurrent state kept per
+#: verified position (see `HFVerifier.forward`).
+EXACT_ROLLBACK_LAYER_TYPES = frozenset(
+    {"full_attention", "sliding_attention", "chunked_attention", "linear_attention"}
+)
+
+#: A call of at most this many tokens keeps one recurrent state per position in every linear-attention
+#: layer (and runs the recurrence token by token, as one-token steps do); longer calls (prefills) keep
+#: none and take transformers' chunked kernel, so a rollback cannot reach into them.
+MAX_RECORDED = 64
 
 
 def _as_ids(value: Any) -> set[int]:
@@ -134,15 +151,15 @@ def _set_attention(model: torch.nn.Module, name: str, fn: Any) -> bool:
 
 
 def _check_layer_types(cfg: Any, name: str) -> None:
-    """ValueError for a model with layers this verifier cannot run (recurrent / linear-attention / SSM
-    state: transformers' own code fails inside on our cache, and a crop could not roll it back exactly)."""
+    """ValueError for a model with layers this verifier cannot roll back exactly (SSM / convolution /
+    other recurrent state than Gated DeltaNet's), before any weights load."""
     bad = sorted(
         {str(t) for t in getattr(cfg, "layer_types", None) or () if t not in EXACT_ROLLBACK_LAYER_TYPES}
     )
     if bad:
         raise ValueError(
-            f"{name} ({cfg.model_type}) has layer types {bad} (recurrent / linear-attention / SSM state): "
-            f"the HF verifier runs attention-only models ({sorted(EXACT_ROLLBACK_LAYER_TYPES)})"
+            f"{name} ({cfg.model_type}) has layer types {bad} whose state the HF verifier cannot roll back "
+            f"exactly; it runs {sorted(EXACT_ROLLBACK_LAYER_TYPES)}"
         )
 
 
@@ -286,9 +303,15 @@ class HFVerifier:
         return hook
 
     def check_rollback(self) -> None:
-        from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+        from transformers.cache_utils import (
+            DummyLayer,
+            DynamicLayer,
+            DynamicSlidingWindowLayer,
+            LinearAttentionLayer,
+        )
 
-        exact = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer)  # DummyLayer: KV-shared, holds nothing
+        # DummyLayer: KV-shared, holds nothing; LinearAttentionLayer: recording (see `forward`)
+        exact = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer, LinearAttentionLayer)
         odd = sorted({
             type(la).__name__ for la in self._cache.layers
             if type(la) not in exact and not getattr(la, "exact_rollback", False)  # ours: GrowingLayer
@@ -301,15 +324,18 @@ class HFVerifier:
 
     def reset(self) -> None:
         from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
+        from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
         self._cache = kv = DynamicCache(config=self.model.config)
         grow = _growing_layer()  # in place of the plain layers (the sliding and shared ones stay as they are)
         kv.layers = [grow() if type(la) is DynamicLayer else la for la in kv.layers]
-        # sliding layers keep what a verify appended until the crop that follows it (see module docstring)
-        self._cache.activate_past_recording()
+        # sliding layers keep what a verify appended until the crop that follows it, linear-attention
+        # layers their conv inputs and the recurrent states `forward` asks for (see module docstring)
+        self._cache.activate_past_recording(recurrent_states_to_keep=0)
+        self._linear = [la for la in kv.layers if isinstance(la, LinearAttentionCacheLayerMixin)]
         self._pos = 0
         self._since_crop = 0  # positions appended since the last crop: how far a rollback may reach
+        self._recorded = 0  # of those, the last ones with a recurrent state each (linear layers)
         self._captured = {}
 
     @torch.inference_mode()
@@ -327,9 +353,13 @@ class HFVerifier:
         keep: int | torch.Tensor = 1 if last_only else 0
         if self._kv_shared:  # indices, not an int (see module docstring)
             keep = torch.arange(T - 1 if last_only else 0, T, device=self.device)
+        record = T <= MAX_RECORDED
+        for la in self._linear:  # one state per position, the recurrence run token by token
+            la.recurrent_states_to_keep = T if record else 0
         out = self.model(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=keep)
         self._pos += T
         self._since_crop += T
+        self._recorded = self._recorded + T if record else 0
         return out.logits[0]  # [T, V]
 
     def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
@@ -350,11 +380,16 @@ class HFVerifier:
                 f"cannot roll back {n} positions exactly: the sliding-window layers of {self.model_name} "
                 f"only keep the {self._since_crop} positions appended since the last rollback"
             )
+        if n > self._recorded and self._linear:
+            raise RollbackError(
+                f"cannot roll back {n} positions exactly: the linear-attention layers of {self.model_name} "
+                f"hold a recurrent state for the last {self._recorded} positions only"
+            )
         if n == 0 and self._since_crop == 0:
             return  # nothing appended since the last crop (crop on a fresh cache would fail)
-        self._cache.crop(-n)  # crop(0) still trims the sliding layers back to their window
+        self._cache.crop(-n)  # crop(0) still trims the sliding / linear layers back to what they need
         self._pos -= n
-        self._since_crop = 0
+        self._since_crop = self._recorded = 0
 
     def _window_full(self) -> bool:
         return any(

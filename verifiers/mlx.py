@@ -17,8 +17,15 @@ Contract (beyond `specdec.protocols.Verifier`):
   rollback, reset) first trims the queued position off the cache, which is exact for the plain caches
   it is used with. `position` never counts the queued position.
 - Rollback is exact for every cache it builds, or refused: `check_rollback` raises RuntimeError naming the
-  cache types (recurrent / SSM caches, rotating caches of unverified architectures). Every rollback checks
-  that each layer's cache offset moved by exactly n.
+  cache types (other recurrent / SSM caches, rotating caches of unverified architectures). Every rollback
+  checks that each layer's cache offset moved by exactly n.
+- Gated DeltaNet layers (Qwen3.5 / 3.6, Qwen3-Next: an ArraysCache with the conv window and the recurrent
+  state) roll back by replay (`_Recurrent`): a call of at most `MAX_RECORDED` tokens keeps the layer's
+  state from before the call and its input projections' outputs; a rollback restores that state and runs
+  mlx_lm's own mixer over the accepted prefix again, which recomputes the conv window and the recurrence
+  (the same per-token steps) but no projection. Only the last call can be undone.
+- Checkpoints as transformers 5 saves them load too (`_transformers_layout`: Qwen3.5-MoE experts one by
+  one, gpt-oss experts input-major), as do text-only Qwen3.5 configs (`specdec.models.config_fixes`).
 """
 
 from __future__ import annotations
@@ -32,7 +39,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import torch
-from mlx_lm.models.cache import ConcatenateKVCache, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    ConcatenateKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 from specdec.bridges.mlx import (
     dequantized_weight,
@@ -64,8 +77,14 @@ _EXACT_CACHES = (KVCache, ConcatenateKVCache)
 #: refused by `check_rollback`.
 #: gemma4_text builds one mask per layer type the same way (`_make_masks`); its KV-shared layers have no
 #: cache entry (make_cache returns fewer caches than layers) and attend over their producer layer's
-#: updated KV with that type's mask, so they follow the producer's plain KVCache exactly.
-_WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text", "gemma4_text"})
+#: updated KV with that type's mask, so they follow the producer's plain KVCache exactly. gpt_oss (sliding
+#: and full layers alternating, attention sinks) builds its sliding mask the same way, and its sinks are
+#: a per-head logit that does not depend on the cache.
+_WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text", "gemma4_text", "gpt_oss"})
+
+#: A call of at most this many tokens can be undone in the recurrent layers (`_Recurrent`); longer calls
+#: (prefills) record nothing, so a rollback cannot reach into them.
+MAX_RECORDED = 64
 
 #: `layer_types` entries of attention layers (anything else is recurrent / linear-attention state)
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
@@ -90,6 +109,104 @@ def _cast(model: nn.Module, dtype: mx.Dtype, *, recast_quantized: bool) -> None:
 
 def _dtype_name(d: mx.Dtype) -> str:
     return str(d).rsplit(".", 1)[-1]  # "mlx.core.float32" -> "float32"
+
+
+def _classes(config: dict[str, Any]) -> tuple[type, type]:
+    """mlx_lm's model classes for `config`, with a `sanitize` that first reads the layouts transformers 5
+    saves which mlx_lm's own does not (`_transformers_layout`)."""
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    mtype = config.get("model_type")
+
+    def sanitize(self: Any, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        weights = _transformers_layout(mtype, weights)
+        return model_class.sanitize(self, weights) if hasattr(model_class, "sanitize") else weights
+
+    return type(model_class.__name__, (model_class,), {"sanitize": sanitize}), args_class
+
+
+def _transformers_layout(model_type: str | None, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Weights as mlx_lm's sanitizers expect them, from two layouts transformers 5.25 saves:
+    - Qwen3.5-MoE experts one by one (`...mlp.experts.<e>.<gate|up|down>_proj.weight`), which mlx_lm's
+      qwen3_5_moe reads only fused: stacked into `...mlp.switch_mlp.<name>.weight` [E, out, in];
+    - gpt-oss experts as bare input-major tensors (`...experts.gate_up_proj` [E, H, 2I], `down_proj`
+      [E, I, H]), where mlx_lm expects OpenAI's output-major `....weight`: transposed and renamed.
+    mlx-community conversions (already sanitized) match neither pattern and pass unchanged."""
+    import re
+
+    if model_type not in ("qwen3_5_moe", "gpt_oss"):
+        return weights
+    out: dict[str, mx.array] = {}
+    experts: dict[tuple[str, str], dict[int, mx.array]] = {}
+    for k, v in weights.items():
+        m = re.fullmatch(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight", k)
+        if m and model_type == "qwen3_5_moe":
+            experts.setdefault((m[1], m[3]), {})[int(m[2])] = v
+        elif (
+            model_type == "gpt_oss" and re.search(r"\.experts\.(gate_up_proj|down_proj)$", k) and v.ndim == 3
+        ):
+            out[k + ".weight"] = mx.swapaxes(v, -1, -2)
+        else:
+            out[k] = v
+    for (prefix, name), by_e in experts.items():
+        out[f"{prefix}.switch_mlp.{name}.weight"] = mx.stack([by_e[e] for e in sorted(by_e)])  # [E, out, in]
+    return out
+
+
+class _Replay:
+    """Stands in for one input projection of a recurrent mixer: records its output during a verify; gives
+    back the first `rows` positions of that output during a replay (no product computed again)."""
+
+    def __init__(self, proj: Any) -> None:
+        self.proj, self.out, self.rows = proj, None, None
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.rows is not None:
+            return self.out[:, : self.rows]
+        self.out = self.proj(x)  # [1, T, D]
+        return self.out
+
+
+class _Recurrent:
+    """Stands in for one recurrent mixer (Gated DeltaNet: `layer.linear_attn`) during a verify, so that the
+    verify can be undone exactly. It keeps the mixer's cache arrays as they were before the call (MLX
+    arrays are immutable and the mixer assigns new ones, so the references are the snapshot), its input,
+    and the outputs of its input projections. `replay(a)` restores the snapshot and runs mlx_lm's own
+    mixer over the first `a` positions again with those outputs: only the conv window and the recurrence
+    are recomputed (the same per-token steps); the output projection is never evaluated."""
+
+    def __init__(self, mixer: nn.Module, proj_names: Sequence[str]) -> None:
+        self.mixer, self.names = mixer, tuple(proj_names)
+        self.cache: Any = None
+
+    def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
+        self.cache, self.before, self.x = cache, list(cache.cache), x  # x: [1, T, H]
+        self.taps = {n: _Replay(self.mixer[n]) for n in self.names}
+        with _swapped(self.mixer, self.taps):
+            return self.mixer(x, mask, cache)
+
+    def replay(self, a: int) -> None:
+        self.cache.cache = list(self.before)
+        if a == 0:
+            return
+        for t in self.taps.values():
+            t.rows = a
+        with _swapped(self.mixer, self.taps):
+            self.mixer(self.x[:, :a], None, self.cache)
+
+
+@contextmanager
+def _swapped(module: nn.Module, parts: dict[str, Any]) -> Iterator[None]:
+    """`module`'s children `parts` replaced for the duration (mlx Modules are dicts: item assignment)."""
+    originals = {n: module[n] for n in parts}
+    for n, p in parts.items():
+        module[n] = p
+    try:
+        yield
+    finally:
+        for n, p in originals.items():
+            module[n] = p
 
 
 class _Tap:
@@ -129,19 +246,15 @@ class MLXVerifier:
     ) -> None:
         """`dtype` casts the floating-point parameters (None: as stored); a quantized model keeps its scales
         and biases as stored unless `recast_quantized`."""
-        import mlx_lm
-        from mlx_lm.utils import _download, load_model
+        from mlx_lm.utils import _download, load_model, load_tokenizer
 
         path = _download(str(path_or_repo))  # local folders are returned as they are
         config = json.loads((path / "config.json").read_text())
-        fixes = config_fixes(config)
+        model, config = load_model(path, model_config=config_fixes(config), get_model_classes=_classes)
         tok_files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-        has_tokenizer = any((path / f).exists() for f in tok_files)
-        if has_tokenizer:
-            model, tokenizer, config = mlx_lm.load(str(path), model_config=fixes, return_config=True)
-        else:
-            model, config = load_model(path, model_config=fixes)
-            tokenizer = None
+        tokenizer = None
+        if any((path / f).exists() for f in tok_files):  # as mlx_lm.load does
+            tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
         self._setup(model, config, tokenizer=tokenizer, name=str(path_or_repo), dtype=dtype,
                     max_context=max_context, prefill_chunk=prefill_chunk,
                     recast_quantized=recast_quantized)  # fmt: skip
@@ -221,6 +334,7 @@ class MLXVerifier:
         self._feats: mx.array | None = None  # [T, K*H] of the last call
         self._weights: dict[tuple[str, str, torch.dtype], torch.Tensor] = {}
         self._invariant: bool | None = None
+        self._recurrent = self._recurrent_mixers()
         self.reset()
 
     @property
@@ -240,6 +354,21 @@ class MLXVerifier:
 
     # ---- cache ---------------------------------------------------------------------------------------
 
+    def _recurrent_mixers(self) -> dict[int, _Recurrent]:
+        """Layer index -> the stand-in of its Gated DeltaNet mixer (`linear_attn`), for the layers whose
+        cache entry is an ArraysCache; empty when the model has none, or when its caches do not line up
+        one to one with its layers (then `check_rollback` refuses it)."""
+        layers, start = self._layer_list()
+        cache = make_prompt_cache(self.model)
+        if len(cache) != self.num_layers:
+            return {}
+        out = {}
+        for i, c in enumerate(cache):
+            mixer = getattr(layers[start + i], "linear_attn", None)
+            if type(c) is ArraysCache and isinstance(mixer, nn.Module):
+                out[i] = _Recurrent(mixer, [n for n in mixer if n.startswith("in_proj")])
+        return out
+
     def _make_cache(self) -> list[Any]:
         cache = make_prompt_cache(self.model)
         if self.model_type in _WINDOW_MASK_FROM_ARGS:  # see _WINDOW_MASK_FROM_ARGS
@@ -254,10 +383,15 @@ class MLXVerifier:
         self._cache = self._make_cache()
         self._pos, self._feats = 0, None
         self._ahead: tuple[int, mx.array] | None = None  # (token fed ahead, its greedy successor [1])
-        self.run_ahead = not self._inexact_caches()  # a queued step must be trimmable
+        # a queued step must be trimmable, which a recurrent layer's state is not
+        self.run_ahead = all(type(c) in _EXACT_CACHES for c in self._cache)
+        self._recorded = 0  # positions of the last call the recurrent layers can undo (see `_Recurrent`)
 
     def _inexact_caches(self) -> list[str]:
-        return sorted({type(c).__name__ for c in self._cache if type(c) not in _EXACT_CACHES})
+        return sorted({
+            type(c).__name__ for i, c in enumerate(self._cache)
+            if type(c) not in _EXACT_CACHES and not (type(c) is ArraysCache and i in self._recurrent)
+        })  # fmt: skip
 
     def check_rollback(self) -> None:
         bad = self._inexact_caches()
@@ -275,11 +409,23 @@ class MLXVerifier:
         if not 0 <= n <= self._pos:
             raise ValueError(f"cannot roll back {n} of {self._pos} cached positions")
         if n == 0:
+            self._recorded = 0
             return
         self._drop_ahead()
         self.check_rollback()
+        if self._recurrent:
+            if n > self._recorded:
+                raise RollbackError(
+                    f"cannot roll back {n} positions exactly: the recurrent layers of {self.model_name} can "
+                    f"undo the last {self._recorded} positions only (the last call of at most {MAX_RECORDED})"
+                )
+            for r in self._recurrent.values():
+                r.replay(r.x.shape[1] - n)
+            # start the replay now: it runs while the drafter works, not inside the next verify
+            mx.async_eval([self._cache[i].cache for i in self._recurrent])
         self._trim(n)
         self._pos -= n
+        self._recorded = 0
 
     def _drop_ahead(self) -> None:
         """Trim the queued run-ahead position (if any) off the cache; `position` is unchanged."""
@@ -289,6 +435,8 @@ class MLXVerifier:
 
     def _trim(self, n: int) -> None:
         for i, c in enumerate(self._cache):
+            if i in self._recurrent:
+                continue  # restored by its replay
             before = c.offset
             got = c.trim(n)
             if got != n or c.offset != before - n:  # never silent (mlx-lm #1423)
@@ -319,11 +467,15 @@ class MLXVerifier:
         return own, int(inner.start_idx)
 
     @contextmanager
-    def _tapped(self, store: dict[int, mx.array], *, last_only: bool) -> Iterator[None]:
+    def _tapped(self, store: dict[int, mx.array], *, last_only: bool, record: bool = False) -> Iterator[None]:
+        """Decoder layers tapped for their outputs and, with `record`, recurrent mixers recorded."""
         layers, start = self._layer_list()  # the model's own list
         last = self.num_layers - 1
         wrap = set(self._layer_ids) | ({last} if last_only else set())
         originals = {i: layers[start + i] for i in wrap}
+        mixers = {i: layers[start + i] for i in self._recurrent} if record else {}
+        for i, r in self._recurrent.items() if record else ():
+            mixers[i]["linear_attn"] = r
         for i in wrap:
             slot = i if i in self._layer_ids else None
             layers[start + i] = _Tap(originals[i], store, slot, last_only and i == last)
@@ -332,6 +484,8 @@ class MLXVerifier:
         finally:
             for i, layer in originals.items():
                 layers[start + i] = layer
+            for i, layer in mixers.items():
+                layer["linear_attn"] = self._recurrent[i].mixer
 
     def _forward(self, tokens: Sequence[int] | mx.array, *, last_only: bool) -> mx.array:
         """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). Sets the features."""
@@ -342,9 +496,11 @@ class MLXVerifier:
         if p0 + T > self.max_context:
             raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {self.max_context}")
         store: dict[int, mx.array] = {}
-        with self._tapped(store, last_only=last_only):
+        record = bool(self._recurrent) and T <= MAX_RECORDED
+        with self._tapped(store, last_only=last_only, record=record):
             logits = self.model(ids[None], cache=self._cache)  # [1, T|1, V]
         self._pos = p0 + T
+        self._recorded = T if record else 0
         # [T, K*H], layers in the order asked for
         self._feats = (
             mx.concatenate([store[i] for i in self._layer_ids], axis=-1)[0] if self._layer_ids else None
