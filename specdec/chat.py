@@ -16,7 +16,15 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["FALLBACK_CHAT_FORMAT", "ROLES", "check_messages", "check_text", "encode_prompt", "prompt_format"]
+__all__ = [
+    "FALLBACK_CHAT_FORMAT",
+    "ROLES",
+    "check_messages",
+    "check_text",
+    "encode_prompt",
+    "has_media",
+    "prompt_format",
+]
 
 FALLBACK_CHAT_FORMAT = "<role>: <content>\\n per message, then 'assistant:'"
 #: roles a chat message may have (OpenAI's; a template may accept fewer and say so)
@@ -37,6 +45,12 @@ def check_text(text: str, where: str) -> str:
     return text
 
 
+def has_media(content: Any) -> bool:
+    """Whether chat content (OpenAI / transformers style parts) carries a non-text part."""
+    parts = content if isinstance(content, Sequence) and not isinstance(content, str) else ()
+    return any(isinstance(p, Mapping) and p.get("type", "text") != "text" for p in parts)
+
+
 def check_messages(messages: Any) -> list[dict[str, str]]:
     """Chat messages as plain dicts, or ValueError naming the first bad one."""
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
@@ -49,6 +63,10 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
         if role not in ROLES:
             raise ValueError(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r:.40}")
         if not isinstance(content, str):
+            if has_media(content):
+                raise ValueError(
+                    f"messages[{i}].content has an image / audio / video part: text prompts only"
+                )
             raise ValueError(f"messages[{i}].content must be a string, got {content!r:.80}")
         out.append({"role": role, "content": check_text(content, f"messages[{i}].content")})
     return out

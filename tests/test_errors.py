@@ -92,3 +92,13 @@ def test_cli_generate(tmp_path, capsys):
     assert main(["generate", "--prompt", "abcabcabc", "--max-new-tokens", "20", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "tau" in err and "tok/s" in err and out.is_file()
+
+
+def test_image_parts_are_refused_in_one_line():
+    """Qwen3.5 checkpoints are multimodal; specdec runs their text model: an image part is a clear error."""
+    from specdec.chat import encode_prompt
+
+    v = StubVerifier()
+    msgs = [{"role": "user", "content": [{"type": "image", "url": "cat.png"}, {"type": "text", "text": "?"}]}]
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content has an image / audio / video part"):
+        encode_prompt(v, msgs)

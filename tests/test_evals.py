@@ -218,3 +218,15 @@ def test_hf_peers_match_our_ar_loop(tmp_path: Path) -> None:
         rec = run(ids)
         assert rec["output_tokens"] == base.output_tokens, name
         assert rec["ttft_s"] > 0 and rec["tokens_per_s"] > 0 and rec["n_output_tokens"] == 12
+
+
+def test_hybrid_cost_tool_runs(tmp_path: Path) -> None:
+    """`python -m specdec.evals.hybrid_cost` (docs/hybrids.md) measures both runtimes and writes its table."""
+    pytest.importorskip("mlx_lm")
+    from specdec.evals.hybrid_cost import main as hybrid_cost
+
+    out = tmp_path / "cost.json"
+    assert hybrid_cost(["--sizes", "tiny", "--steps", "3", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["runtime"] for r in rows] == ["hf", "mlx"]
+    assert all(r["verify_ms"] > 0 and r["rollback_ms"] >= 0 and r["held_bytes"] > 0 for r in rows)

@@ -123,12 +123,14 @@ def test_completions_stop_strings_and_max_tokens(served, ref):
 def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(served):
     url = served.url + "/v1/chat/completions"
     ok = {"model": "stub", "messages": MSGS, "max_tokens": 4}
+    image = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
     cases = [
         (b"{not json", 400, "not valid JSON"),
         (json.dumps({**ok, "model": "gpt-9"}), 404, "does not exist"),
         (json.dumps({**ok, "messages": []}), 400, "non-empty list"),
         (json.dumps({**ok, "messages": "hi"}), 400, "non-empty list"),
         (json.dumps({**ok, "messages": [{"role": "user", "content": 5}]}), 400, "content"),
+        (json.dumps({**ok, "messages": [{"role": "user", "content": image}]}), 400, "text prompts only"),
         (json.dumps({**ok, "temperature": "hot"}), 400, "'temperature' must be a number"),
         (json.dumps({**ok, "max_tokens": "10"}), 400, "'max_tokens' must be an integer"),
         (json.dumps({**ok, "max_tokens": 10**9}), 400, "maximum context length is 2048"),

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.chat import check_messages, check_text
+from specdec.chat import check_messages, check_text, has_media
 from specdec.sampling import SamplingParams
 from specdec.stream import StreamResult
 
@@ -101,6 +101,11 @@ def _content(m: dict, i: int) -> str:
         return c
     if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in c):
         return "".join(str(p.get("text", "")) for p in c)
+    if has_media(c):
+        raise RequestError(
+            f"messages[{i}].content has an image / audio / video part: this server takes text prompts only",
+            param=f"messages[{i}].content",
+        )
     raise RequestError(
         f"messages[{i}].content must be a string or a list of text parts, got {json.dumps(c)[:80]}",
         param=f"messages[{i}].content",
