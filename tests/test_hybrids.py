@@ -271,6 +271,35 @@ def test_rollback_restores_the_state_after_the_accepted_prefix(verifiers, rt, ar
     v.reset()
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("rt", RUNTIMES)
+def test_random_partial_rollbacks_equal_a_fresh_forward(verifiers, rt, arch):
+    """Ten verifies of random blocks, each rolled back to a random length (none to all): the cache then
+    answers as a cache-free forward over what was kept, past gpt-oss's sliding windows (16) too."""
+    v = verifiers[rt, arch]
+    v.reset()
+    kept = list(PROMPT)
+    v.prefill(kept)
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        block = rng.integers(5, v.vocab_size, 8).tolist()
+        v.verify(block)
+        n = int(rng.integers(0, 9))
+        v.rollback(n)
+        kept += block[: 8 - n]
+    probe = [9, 10, 11]
+    if rt == "hf":
+        cached = v.forward(probe)
+        with torch.inference_mode():
+            fresh = v.model(torch.tensor([kept + probe])).logits[0, -3:]
+    else:
+        cached = torch.tensor(np.array(v._forward(probe, last_only=False)))
+        fresh = torch.tensor(np.array(v.model(mx.array(kept + probe)[None])[0, -3:]))
+    v.reset()
+    assert len(kept) > PLEN + 16
+    torch.testing.assert_close(cached, fresh, atol=2e-4, rtol=2e-4)
+
+
 @pytest.mark.parametrize("rt", RUNTIMES)
 def test_a_rollback_reaches_only_what_was_recorded(verifiers, rt):
     """A prefill longer than MAX_RECORDED keeps no per-position state: reaching into it is refused with
@@ -425,10 +454,34 @@ def test_hf_bf16_is_batch_invariant_and_exact(paths, arch):
         assert run(v, make_drafter(kind, v, ar, Path("unused"))) == ar, kind
 
 
+@pytest.mark.parametrize("rt", RUNTIMES)
+def test_cli_and_server(paths, verifiers, capsys, rt):
+    """The CLI runs a hybrid folder with a drafter; the server streams the same text the Python API does."""
+    import json
+
+    from starlette.testclient import TestClient
+
+    from specdec.cli import main
+    from specdec.serve.app import build_app
+
+    argv = ["generate", "--verifier", rt, "--model", str(paths["qwen3_5"]), "--drafter", "prompt-lookup",
+            "--prompt", "abc abc abc", "--max-new-tokens", "12", "--dtype", "float32"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    v = verifiers[rt, "qwen3_next"]
+    msgs = [{"role": "user", "content": "abc abc"}]
+    want = Engine(v, PromptLookupDrafter(block_size=8)).complete(msgs, max_tokens=16).text
+    app = build_app(Engine(v, PromptLookupDrafter(block_size=8)), model_name="tiny")
+    with TestClient(app) as client:
+        body = {"model": "tiny", "messages": msgs, "max_tokens": 16, "stream": True}
+        lines = client.post("/v1/chat/completions", json=body).text.splitlines()
+    chunks = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == want
+
+
 # ---- what we still cannot run ----------------------------------------------------------------------------
 
 
-def test_other_recurrent_layers_are_refused_with_the_reason(tmp_path):
+def test_other_recurrent_layers_are_refused_with_the_reason(tmp_path, capsys):
     """LFM2's short-convolution layers: the HF verifier refuses the folder before the weights load; the
     MLX verifier runs it without a drafter and refuses speculation (its ArraysCache has no replay)."""
     torch.manual_seed(0)
@@ -442,6 +495,12 @@ def test_other_recurrent_layers_are_refused_with_the_reason(tmp_path):
         ValueError, match=r"layer types \['conv'\] whose state the HF verifier cannot roll back"
     ):
         HFVerifier(tmp_path / "lfm2")
+    from specdec.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", "--verifier", "hf", "--model", str(tmp_path / "lfm2"), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot roll back" in err[0], err
     mv = MLXVerifier(tmp_path / "lfm2")
     assert len(run(mv, n=4)) == 4
     with pytest.raises(RuntimeError, match=r"cache types \['ArraysCache'\] for its layer types \['conv'\]"):
