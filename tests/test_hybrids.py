@@ -115,6 +115,37 @@ def test_caches_and_loading(verifiers, paths, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_mlx_community_conversions_load(paths, verifiers, tmp_path, arch):
+    """A model as mlx_lm's convert writes it (sanitized weights: what mlx-community repos hold), in fp32
+    and 4-bit, loads unchanged by our layout fixes; the 4-bit one (quantized input projections in every
+    recurrent mixer) decodes speculatively exactly as it does autoregressively."""
+    import shutil
+
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    v = verifiers["mlx", arch]
+    for bits in (None, 4):
+        fresh = MLXVerifier(paths[arch])  # its own copy: quantize_model changes the model in place
+        model, config = fresh.model, fresh.config
+        if bits:
+            model, config = quantize_model(model, config, group_size=32, bits=bits)
+        out = tmp_path / f"converted{bits}"
+        save_model(out, model)
+        save_config(config, out / "config.json")
+        shutil.copy(paths[arch] / "generation_config.json", out)
+        c = MLXVerifier(out)
+        if not bits:
+            assert run(c) == run(v)
+            continue
+        ar = run(c)
+        for drafter in (
+            RandomDrafter(seed=2, vocab=c.vocab_size, block_size=8),
+            PromptLookupDrafter(block_size=8),
+        ):
+            assert run(c, drafter) == ar
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_runtimes_agree(verifiers, arch):
     """Both runtimes load the same model: logits and features of one prefill, fp32. mlx_lm's YaRN RoPE
     (gpt-oss) rounds its correction range where transformers' does not (`truncate: false`): a small
