@@ -21,7 +21,14 @@ from typing import Any
 import torch
 
 from specdec.memory import unmeasured
-from specdec.protocols import Drafter, NativeFeatures, SampledProposals, Verifier, check_compatible
+from specdec.protocols import (
+    Drafter,
+    NativeFeatures,
+    SampledProposals,
+    SampledWalk,
+    Verifier,
+    check_compatible,
+)
 from specdec.records import JsonlWriter, PromptResult, StepRecord
 from specdec.sampling import Sampler, SamplingParams
 
@@ -89,6 +96,22 @@ def _features(verifier: Verifier, drafter: Drafter, n: int) -> Any:
     if drafter.runtime == verifier.runtime and isinstance(verifier, NativeFeatures):  # no conversion
         return verifier.native_features(n)
     return verifier.features(n, device=drafter.device, dtype=drafter.dtype)
+
+
+def _propose(
+    drafter: Drafter, sampler: Sampler | None, token: int, k: int, pos: int
+) -> tuple[list[int], torch.Tensor | None]:
+    """The drafter's k tokens after `token` (the first at absolute position `pos`) and, when drafts are
+    sampled (T > 0, `--proposal sample`), q [k, V]: the distribution each was drawn from."""
+    if sampler is None or sampler.sp.proposal != "sample":
+        return drafter.propose(token, k), None
+    if isinstance(drafter, SampledWalk) and drafter.walks:
+        return drafter.propose_walk(
+            token, k, temperature=sampler.sp.temperature, u=sampler.draft_uniforms(pos, k)
+        )
+    if isinstance(drafter, SampledProposals):
+        return sampler.propose(drafter.propose_logits(token, k), pos)
+    return drafter.propose(token, k), None
 
 
 # long: the loop is the engine; read top to bottom it shows every phase of a step and where its time goes
@@ -162,14 +185,11 @@ def decode(
         # drafts past what max_new_tokens or the context can still take would be wasted work
         k = min(cfg.block_size - 1, cfg.max_new_tokens - n_out - 1, room - 1) if drafter else 0
         pos = verifier.position + 1  # absolute position of the first token this step decides
-        q = None  # the drafter's warped distribution [k, V] when drafts are sampled
+        q = None  # the distribution [k, V] the drafts were drawn from, when they are sampled
         t0 = clock()
         if k > 0:
             dprobe.reset()
-            if sampler and sp.proposal == "sample" and isinstance(drafter, SampledProposals):
-                draft, q = sampler.propose(drafter.propose_logits(token, k), pos)
-            else:
-                draft = drafter.propose(token, k)
+            draft, q = _propose(drafter, sampler, token, k, pos)
             assert len(draft) <= k, f"drafter {drafter.name!r} proposed {len(draft)} > {k} tokens"
             dmem = dprobe.read()
         else:

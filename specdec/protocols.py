@@ -13,7 +13,8 @@ transformers: runtimes live in `specdec.verifiers` / `specdec.bridges` and load 
 
 What some verifiers or drafters can also do is declared here too, as protocols of their own that callers
 test with `isinstance`: `NativeFeatures` (features in the verifier's own arrays, for a drafter of its
-runtime), `SampledProposals` (a drafter's logits, for sampled drafts at T > 0), `Describes` (what the
+runtime), `SampledProposals` (a drafter's logits, for sampled drafts at T > 0), `SampledWalk` (a drafter
+that samples a walk of dependent drafts itself), `Describes` (what the
 result JSON records about it), `BatchFeatures` and `BatchGeneration` (what training uses when a verifier
 has them).
 """
@@ -188,6 +189,21 @@ class SampledProposals(Protocol):
 
     def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
         """Logits [n, V] of the next n positions after `last_token`."""
+        ...
+
+
+@runtime_checkable
+class SampledWalk(Protocol):
+    """A drafter whose each draft depends on the one it drew before (DFlash2's candidate walk, `walks`
+    True): at T > 0 with `--proposal sample` it draws the walk itself from the engine's uniforms."""
+
+    walks: bool
+
+    def propose_walk(
+        self, last_token: int, n: int, *, temperature: float, u: torch.Tensor
+    ) -> tuple[list[int], torch.Tensor]:
+        """n tokens after `last_token` drawn with uniforms u [n], and q [n, V]: row i the distribution
+        token i was drawn from, given tokens 0..i-1 (what the `rejection` rule verifies against)."""
         ...
 
 

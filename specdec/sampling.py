@@ -109,6 +109,11 @@ class Sampler:
         """The token at position `pos` from the last prompt position's logits [1, V]."""
         return int(sample_from(warp(logits, self.sp), self.u(0, pos, 1, logits)))
 
+    def draft_uniforms(self, pos: int, k: int) -> torch.Tensor:
+        """[k] the draft-sampling uniforms of positions pos..pos+k-1 (CPU), for a drafter that samples
+        its own walk (`specdec.protocols.SampledWalk`)."""
+        return self._u[3, pos : pos + k]
+
     def propose(self, draft_logits: torch.Tensor, pos: int) -> tuple[list[int], torch.Tensor]:
         """Sampled proposals: draft_logits [k, V] for positions pos..pos+k-1 -> (tokens, q [k, V])."""
         q = warp(draft_logits, self.sp)

@@ -17,7 +17,7 @@ pytest.importorskip("mlx_lm")
 import mlx.core as mx
 
 from specdec.costs import VerifyCosts
-from specdec.drafting.checkpoint import DFlashConfig
+from specdec.drafting.checkpoint import DFlash2Config, DFlashConfig
 from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
 from specdec.drafting.dflash_mlx import MLXDFlashDrafter
 from specdec.drafting.policy import DraftPolicy
@@ -38,13 +38,27 @@ FAMILIES = {
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
 
+#: a DFlash2 drafter's extra parts (`specdec.drafting.dflash2`), with a read-out multiplier and cap
+DFLASH2 = DFlash2Config(
+    conv_kernel_size=2,
+    conv_group_size=16,
+    selector_rank=16,
+    selector_top_k=6,
+    output_multiplier=0.7,
+    final_logit_softcapping=20.0,
+    input_embedding_scale=1.2,
+)
+
+
 def _checkpoint(
     path: Path, v: MLXVerifier, *, draft_vocab: bool, sliding: bool = False, seed: int = 0,
-    rope_scaling: dict | None = None,
+    rope_scaling: dict | None = None, dflash2: DFlash2Config | None = None,
 ) -> Path:  # fmt: skip
     kw: dict = dict(layer_types=("sliding_attention", "full_attention"), sliding_window=9) if sliding else {}
     if rope_scaling:
         kw["rope_scaling"] = rope_scaling
+    if dflash2:
+        kw["dflash2"] = dflash2
     cfg = DFlashConfig(
         hidden_size=v.hidden_size, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, intermediate_size=96, vocab_size=v.vocab_size, num_target_layers=v.num_layers,
@@ -56,6 +70,8 @@ def _checkpoint(
     with torch.no_grad():  # norms != 1 so a misplaced one shows; larger weights for clear argmaxes
         for name, p in model.named_parameters():
             p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else p * 3)
+            if "base_kernel" in name or "codebook" in name:  # zeros at init: give DFlash2's parts a say
+                p.copy_(0.3 * torch.randn_like(p))
     return DFlashDrafter(model).save_pretrained(path)
 
 
@@ -71,12 +87,16 @@ def _close(t: torch.Tensor, m: mx.array) -> None:
 
 
 @pytest.mark.parametrize(
-    ("family", "vocab", "rope"),
-    [(f, vocab, None) for f in FAMILIES for vocab in (False, True)] + [("qwen3", False, YARN)],
+    ("family", "vocab", "rope", "d2"),
+    [(f, vocab, None, None) for f in FAMILIES for vocab in (False, True)]
+    + [("qwen3", False, YARN, None), ("llama", False, None, DFLASH2), ("gemma3", False, None, DFLASH2)],
 )
-def test_block_logits_match_the_torch_drafter(tmp_path, family, vocab, rope):
+def test_block_logits_match_the_torch_drafter(tmp_path, family, vocab, rope, d2):
     v = MLXVerifier(FAMILIES[family](tmp_path / family))
-    ckpt = _checkpoint(tmp_path / "ckpt", v, draft_vocab=vocab, sliding=family == "gemma3", rope_scaling=rope)
+    sliding = family == "gemma3"
+    ckpt = _checkpoint(
+        tmp_path / "ckpt", v, draft_vocab=vocab, sliding=sliding, rope_scaling=rope, dflash2=d2
+    )
     t, m = _pair(ckpt, v)
     v.set_target_layers(t.target_layer_ids)
     v.reset()
@@ -87,6 +107,11 @@ def test_block_logits_match_the_torch_drafter(tmp_path, family, vocab, rope):
     for step, (last, n, back) in enumerate([(7, 7, 0), (11, 3, 0), (4, 7, 2), (9, 5, 1), (13, 7, 0)]):
         _close(t.proposer.block_logits(last, n), m.block_logits(last, n))
         assert t.propose(last, n) == m.propose(last, n), step
+        if d2:  # DFlash2's sampled walk: the same draws from the same uniforms, the same q rows
+            u = torch.rand(n, generator=torch.Generator().manual_seed(step))
+            (a, qa), (b, qb) = (d.propose_walk(last, n, temperature=0.9, u=u) for d in (t, m))
+            assert a == b, step
+            torch.testing.assert_close(qa, qb, atol=1e-4, rtol=1e-4)
         v.verify([last, 20, 21, 22])  # commit 4 positions, then roll some back: both contexts follow
         t.extend(v.features(4, device=torch.device("cpu"), dtype=torch.float32), [last, 20, 21, 22])
         m.extend(v.native_features(4), [last, 20, 21, 22])
@@ -96,9 +121,10 @@ def test_block_logits_match_the_torch_drafter(tmp_path, family, vocab, rope):
         assert t.context_len == m.context_len == v.position
 
 
-def test_same_tokens_and_acceptance_end_to_end(tmp_path):
+@pytest.mark.parametrize("d2", [None, DFLASH2], ids=["dflash", "dflash2"])
+def test_same_tokens_and_acceptance_end_to_end(tmp_path, d2):
     v = MLXVerifier(tinymodels.tiny_llama(tmp_path / "llama"))
-    t, m = _pair(_checkpoint(tmp_path / "ckpt", v, draft_vocab=True), v)
+    t, m = _pair(_checkpoint(tmp_path / "ckpt", v, draft_vocab=d2 is None, dflash2=d2), v)
     prompt = [(7 * i) % 300 + 3 for i in range(40)]
     cfg = DecodeConfig(max_new_tokens=40, block_size=8, stop_token_ids=frozenset())
     a, b = generate(v, prompt, drafter=t, cfg=cfg), generate(v, prompt, drafter=m, cfg=cfg)

@@ -2,7 +2,10 @@
 
 A checkpoint is a folder with `config.json` and `model.safetensors`. The config is a Qwen3 config plus
 `architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers` and
-`dflash_config: {mask_token_id, target_layer_ids}`; the weights use the names of `PUBLIC_PARAM_NAMES`.
+`dflash_config: {mask_token_id, target_layer_ids}`; the weights use the names of `public_param_shapes`.
+DFlash2 (`architectures: ["DFlash2DraftModel"]`) adds to `dflash_config` the fields of `DFlash2Config`
+and to the weights a grouped dynamic causal convolution around each layer's attention and MLP and the
+candidate selector (its two codebooks stored as bare tensors).
 `load_config` / `load_state_dict` read that format and `save_checkpoint` writes exactly it, so a drafter
 trained here serves on vLLM / SGLang and a hub drafter loads here. Keys we do not use are kept in
 `DFlashConfig.extra` and written back unchanged. Only torch and safetensors are imported.
@@ -21,6 +24,7 @@ import torch
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
+ARCHITECTURE2 = "DFlash2DraftModel"
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 # config.json keys that DFlashConfig owns (everything else goes to `extra` and is written back as read)
@@ -98,6 +102,34 @@ def rope_frequencies(cfg: DFlashConfig) -> tuple[list[float], float]:
     return inv, float(attn)
 
 
+def _dflash2_config(raw: dict[str, Any], dflash: dict[str, Any]) -> DFlash2Config:
+    """The DFlash2 fields of a config (`dflash_config` first, then the top level, as the reference reads
+    them); ValueError naming the missing ones."""
+
+    def get(k: str) -> Any:
+        return dflash.get(k, raw.get(k))
+
+    missing = [f"dflash_config.{k}" for k in DFlash2Config.FIELDS if get(k) is None]
+    if missing:
+        raise ValueError(f"DFlash2 config is missing {missing}")
+    cap = get("final_logit_softcapping")
+    return DFlash2Config(
+        **{k: int(get(k)) for k in DFlash2Config.FIELDS},
+        output_multiplier=float(get("output_multiplier") or 1.0),
+        final_logit_softcapping=None if cap is None or float(cap) <= 0 else float(cap),
+        input_embedding_scale=float(get("input_embedding_scale") or 1.0),
+    )
+
+
+def _dflash2_fields(d2: DFlash2Config) -> dict[str, Any]:
+    out = {k: getattr(d2, k) for k in (*DFlash2Config.FIELDS, "output_multiplier")}
+    if d2.final_logit_softcapping is not None:
+        out["final_logit_softcapping"] = d2.final_logit_softcapping
+    if d2.input_embedding_scale != 1.0:
+        out["input_embedding_scale"] = d2.input_embedding_scale
+    return out
+
+
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """The public default: one target layer per draft layer, evenly spaced from 1 to L-3 (L//2 for one)."""
     if num_draft_layers == 1:
@@ -105,6 +137,25 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
     start, end = 1, num_target_layers - 3
     # Python's round (half to even) as in the public implementations, so the ids agree with theirs exactly
     return tuple(round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DFlash2Config:
+    """What DFlash2 adds (`dflash_config` fields): around each layer's attention and MLP a causal
+    convolution over the block whose taps are a base kernel plus a kernel projected from the sublayer's
+    normed input per group of channels; the read-out scaled and soft-capped; a candidate selector that
+    walks the top-k candidates of each position scored with a low-rank predecessor x successor term."""
+
+    conv_kernel_size: int  # taps, looking back within the block
+    conv_group_size: int  # channels sharing one dynamic tap
+    selector_rank: int
+    selector_top_k: int
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None  # None or <= 0: none
+    input_embedding_scale: float = 1.0
+
+    FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+    OPTIONAL = ("output_multiplier", "final_logit_softcapping", "input_embedding_scale")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +188,7 @@ class DFlashConfig:
     # cannot cost exactness (the verifier decides every token). Kept in config.json, not in the weights,
     # so model.safetensors stays exactly the public format.
     draft_vocab: tuple[int, ...] | None = None
+    dflash2: DFlash2Config | None = None  # None: a DFlash drafter
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # unused config.json keys, kept
 
     def __post_init__(self) -> None:
@@ -194,8 +246,27 @@ class DFlashConfig:
                 problems.append(f"draft_vocab ids must lie in 0..{self.vocab_size - 1}")
             elif len(set(ids)) != len(ids):
                 problems.append("draft_vocab has repeated ids")
+        if self.dflash2 is not None:
+            problems += self._dflash2_problems()
         if problems:
             raise ValueError("invalid DFlash config: " + "; ".join(problems))
+
+    def _dflash2_problems(self) -> list[str]:
+        d2, out = self.dflash2, []
+        if min(d2.conv_kernel_size, d2.conv_group_size, d2.selector_rank, d2.selector_top_k) < 1:
+            out.append(f"DFlash2 sizes must be >= 1: {d2}")
+        elif self.hidden_size % d2.conv_group_size:
+            out.append(f"conv_group_size {d2.conv_group_size} does not divide hidden_size {self.hidden_size}")
+        if d2.selector_top_k > self.vocab_size:
+            out.append(f"selector_top_k {d2.selector_top_k} exceeds the vocabulary ({self.vocab_size})")
+        if self.draft_vocab is not None:
+            out.append("a draft vocabulary is not supported for DFlash2 (its selector reads the full one)")
+        return out
+
+    @property
+    def architecture(self) -> str:
+        """The config's `architectures` entry: DFlash or DFlash2."""
+        return ARCHITECTURE if self.dflash2 is None else ARCHITECTURE2
 
     @property
     def num_target_features(self) -> int:
@@ -232,10 +303,12 @@ class DFlashConfig:
                 f"hidden_act {raw['hidden_act']!r} is not supported (DFlash drafters use 'silu')"
             )
         arch = raw.get("architectures")
-        if arch is not None and ARCHITECTURE not in arch:
+        if arch is not None and ARCHITECTURE not in arch and ARCHITECTURE2 not in arch:
             raise ValueError(
-                f"config architectures {arch} do not include {ARCHITECTURE!r}: not a DFlash drafter"
+                f"config architectures {arch} include neither {ARCHITECTURE!r} nor {ARCHITECTURE2!r}: not a "
+                "DFlash drafter"
             )
+        dflash2 = _dflash2_config(raw, dflash) if arch is not None and ARCHITECTURE2 in arch else None
         rope = raw.get("rope_parameters") or {}
         scaling = _rope_scaling(raw.get("rope_scaling") or rope)
         ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
@@ -247,6 +320,7 @@ class DFlashConfig:
             k: v
             for k, v in dflash.items()
             if k not in ("mask_token_id", "target_layer_ids", "block_size", "draft_vocab")
+            and not (dflash2 and k in DFlash2Config.FIELDS + DFlash2Config.OPTIONAL)
         }
         if extra_dflash:
             extra["dflash_config"] = extra_dflash
@@ -271,6 +345,7 @@ class DFlashConfig:
             attention_bias=bool(raw.get("attention_bias", False)),
             is_causal=bool(raw.get("is_causal", False)),
             draft_vocab=dflash.get("draft_vocab"),
+            dflash2=dflash2,
             extra=extra,
         )
 
@@ -279,7 +354,7 @@ class DFlashConfig:
         out = dict(self.extra)
         extra_dflash = dict(out.pop("dflash_config", {}))
         out.update(
-            architectures=[ARCHITECTURE],
+            architectures=[self.architecture],
             model_type="qwen3",
             block_size=self.block_size,
             num_target_layers=self.num_target_layers,
@@ -289,6 +364,7 @@ class DFlashConfig:
                 "mask_token_id": self.mask_token_id,
                 "target_layer_ids": list(self.target_layer_ids),
                 **({} if self.draft_vocab is None else {"draft_vocab": list(self.draft_vocab)}),
+                **({} if self.dflash2 is None else _dflash2_fields(self.dflash2)),
             },
             hidden_size=self.hidden_size,
             num_hidden_layers=self.num_hidden_layers,
@@ -342,6 +418,19 @@ def public_param_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.o_proj.bias": (H,),
             })  # fmt: skip
     shapes.update({"fc.weight": (H, cfg.feature_dim), "hidden_norm.weight": (H,), "norm.weight": (H,)})
+    d2 = cfg.dflash2
+    if d2 is not None:
+        taps, dyn = d2.conv_kernel_size, 2 * d2.conv_kernel_size * (H // d2.conv_group_size)
+        for i in range(cfg.num_hidden_layers):
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[f"layers.{i}.{conv}.base_kernel"] = (2, taps, H)
+                shapes[f"layers.{i}.{conv}.kernel_projection.weight"] = (dyn, H)
+        R, V = d2.selector_rank, cfg.vocab_size
+        shapes.update({
+            "candidate_selector.hidden_projection.weight": (R, H),
+            "candidate_selector.predecessor_codebook": (V, R),
+            "candidate_selector.successor_codebook": (V, R),
+        })  # fmt: skip
     return shapes
 
 

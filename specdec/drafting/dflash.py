@@ -36,6 +36,7 @@ from specdec.drafting.checkpoint import (
     rope_frequencies,
     save_checkpoint,
 )
+from specdec.drafting.dflash2 import CandidateSelector, DynamicConv, Walk
 from specdec.drafting.policy import Draft, DraftPolicy
 from specdec.kernels import use_cpu_linears
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord
@@ -165,18 +166,36 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.sliding_window = cfg.sliding_window if cfg.layer_types[index] == SLIDING else None
+        self.attention_conv = self.mlp_conv = None
+        if cfg.dflash2 is not None:  # DFlash2: a dynamic convolution around each sublayer
+            self.attention_conv, self.mlp_conv = DynamicConv(cfg), DynamicConv(cfg)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, join: KVJoin, mask: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        join: KVJoin,
+        mask: torch.Tensor | None,
+        block: int,
     ) -> torch.Tensor:
-        """x [B, Tq, H] block hidden states -> [B, Tq, H]."""
+        """x [B, Tq, H] block hidden states (blocks of `block` positions) -> [B, Tq, H]."""
         B, Tq, _ = x.shape
+        conv = self.attention_conv is not None
         h = self.input_layernorm(x)
+        if conv:
+            dyn = self.attention_conv.dynamic(h)  # both sides' taps from the normed input
+            h = self.attention_conv(h, dyn, 0, block)
         q = self.self_attn.query(h, cos, sin)  # [B, nh, Tq, D]
         keys, values = join(*self.self_attn.key_value(h, cos, sin))  # [B, nkv, S, D]
         o = _attend(q, keys, values, mask).transpose(1, 2).reshape(B, Tq, -1)  # [B, Tq, nh*D]
-        x = x + self.self_attn.o_proj(o)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        a = self.self_attn.o_proj(o)
+        x = x + (self.attention_conv(a, dyn, 1, block) if conv else a)
+        h = self.post_attention_layernorm(x)
+        if not conv:
+            return x + self.mlp(h)
+        dyn = self.mlp_conv.dynamic(h)
+        return x + self.mlp_conv(self.mlp(self.mlp_conv(h, dyn, 0, block)), dyn, 1, block)
 
 
 def _visible(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None, causal: bool) -> torch.Tensor | None:
@@ -260,6 +279,7 @@ class DFlashDraftModel(nn.Module):
         # explicitly like _inv_freq; .to(device) moves it, .to(dtype) leaves integer buffers alone
         vocab = None if cfg.draft_vocab is None else torch.tensor(cfg.draft_vocab, device="cpu")
         self.register_buffer("draft_vocab", vocab, persistent=False)
+        self.candidate_selector = None if cfg.dflash2 is None else CandidateSelector(cfg)  # DFlash2
 
     @property
     def device(self) -> torch.device:
@@ -333,7 +353,7 @@ class DFlashDraftModel(nn.Module):
                 cache.v[i, :, start:end] = v[0]
                 return cache.k[i, None, :, lo:end], cache.v[i, None, :, lo:end]  # [1, nkv, S, D]
 
-            x = layer(x, cos, sin, join, mask)
+            x = layer(x, cos, sin, join, mask, bs)
         return self.norm(x)
 
     # ---- training ------------------------------------------------------------------------------------
@@ -372,7 +392,7 @@ class DFlashDraftModel(nn.Module):
                 ck, cv = ctx_kv[i]
                 return torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2)  # [B, nkv, T + C*bs, D]
 
-            x = layer(x, cos, sin, join, masks[layer.sliding_window])
+            x = layer(x, cos, sin, join, masks[layer.sliding_window], bs)
         return self.norm(x).view(B, C, bs, -1)
 
     def forward_train(
@@ -457,7 +477,9 @@ class DFlashProposer:
         self.model, self.embed_fn, self.lm_head_fn = model, embed_fn, lm_head_fn
         self.cfg = cfg = model.cfg
         self.rows = model.draft_vocab  # [K] or None
-        self._mask_col = cfg.mask_column  # from the config on the host: no device read
+        self.d2 = cfg.dflash2  # DFlash2's read-out and selector, or None
+        # the mask token is never proposed (DFlash2 keeps the public reference's read-out as it is)
+        self._mask_col = cfg.mask_column if self.d2 is None else None  # from the config: no device read
         self.block_size = cfg.block_size
         self.measure_memory = measure_memory
         self.cache = DFlashCache(cfg, device=model.device, dtype=model.dtype, capacity=capacity)
@@ -501,17 +523,41 @@ class DFlashProposer:
             self._pending.append(features)
 
     @torch.inference_mode()
-    def block_logits(self, last_token: int, n: int) -> torch.Tensor:
-        """Logits [n, K] over the draft vocabulary (K = V without one) of block positions 1..n, the mask
-        token at -inf, with `last_token` at context_len."""
+    def block_hidden(self, last_token: int) -> torch.Tensor:
+        """Hidden states [bs, H] of the block [last_token, MASK...] with `last_token` at context_len."""
         self._project()
         self._block_ids[0] = last_token  # a device-side fill: no host sync
         emb = self.embed_fn(self._block_ids)[None]  # [1, bs, H]
-        hidden = self.model.forward_cached(self.cache, emb)  # [1, bs, H]
-        logits = self.lm_head_fn(hidden[0, 1 : n + 1])  # [n, K]
+        if self.d2 is not None and self.d2.input_embedding_scale != 1.0:
+            emb = emb * self.d2.input_embedding_scale
+        return self.model.forward_cached(self.cache, emb)[0]  # [bs, H]
+
+    @torch.inference_mode()
+    def block_logits(self, last_token: int, n: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [n, K] over the draft vocabulary (K = V without one) of block positions 1..n, the mask
+        token at -inf (DFlash2: times its output multiplier, soft-capped), with `last_token` at
+        context_len; `hidden` [bs, H] when `block_hidden` was already run."""
+        hidden = self.block_hidden(last_token) if hidden is None else hidden
+        logits = self.lm_head_fn(hidden[1 : n + 1])  # [n, K]
+        if self.d2 is not None:
+            logits = logits * self.d2.output_multiplier
+            cap = self.d2.final_logit_softcapping
+            return logits if cap is None else torch.tanh(logits / cap) * cap
         if self._mask_col is not None and self._mask_col < logits.shape[-1]:
             logits[:, self._mask_col] = float("-inf")
         return logits
+
+    @torch.inference_mode()
+    def walk(
+        self, last_token: int, n: int, *, temperature: float = 0.0, u: torch.Tensor | None = None
+    ) -> Walk:
+        """DFlash2: the candidate selector's walk over block positions 1..n (greedy, or sampled at
+        `temperature` with uniforms u [n])."""
+        hidden = self.block_hidden(last_token)  # [bs, H]
+        logits = self.block_logits(last_token, n, hidden)  # [n, V]
+        return self.model.candidate_selector.walk(
+            hidden[1 : n + 1], logits, last_token, temperature=temperature, u=u
+        )
 
     def vocab_logits(self, last_token: int, n: int) -> torch.Tensor:
         """Logits [n, V] over the full vocabulary: ids outside the draft vocabulary at -inf."""
@@ -537,10 +583,13 @@ class DFlashProposer:
             return BlockProposal([], 0, 0, None, None)
         dev = self.model.device
         cuda = self.measure_memory and dev.type == "cuda"
+        before = torch.cuda.memory_allocated(dev) if cuda else 0
         if self.measure_memory:
             self._probe = self._probe or self.memory_probe()
-            before = torch.cuda.memory_allocated(dev) if cuda else 0
             self._probe.reset()
+        if self.d2 is not None:
+            draft = self._walk_draft(last_token, n, policy)
+            return BlockProposal(draft.tokens, 1, 1, *self._measured(cuda, before))
         logits = self.block_logits(last_token, n)  # [n, K]
         cut = policy is not None and policy.needs_confidence("dflash")
         if cut:
@@ -552,12 +601,21 @@ class DFlashProposer:
         draft = Draft(best.tolist(), "dflash")  # the one sync of a proposal
         if cut:
             draft = policy.cut(Draft(draft.tokens, "dflash", top.tolist()))  # computed by now: no second wait
-        peak_act, record = None, None
-        if self.measure_memory:
-            record = self._probe.read()
-            if cuda:
-                peak_act = int(torch.cuda.max_memory_allocated(dev)) - before
-        return BlockProposal(draft.tokens, 1, 1, peak_act, record)
+        return BlockProposal(draft.tokens, 1, 1, *self._measured(cuda, before))
+
+    def _walk_draft(self, last_token: int, n: int, policy: DraftPolicy | None) -> Draft:
+        """DFlash2's greedy walk, cut by `policy` with the walk's own chances."""
+        walk = self.walk(last_token, n)
+        if policy is None or not policy.needs_confidence("dflash"):
+            return Draft(walk.tokens.tolist(), "dflash")  # the one sync of a proposal
+        return policy.cut(Draft(walk.tokens.tolist(), "dflash", walk.chances().tolist()))
+
+    def _measured(self, cuda: bool, before: int) -> tuple[int | None, MemoryRecord | None]:
+        """(peak activation bytes, the probe's record) of a proposal, when memory is measured."""
+        if not self.measure_memory:
+            return None, None
+        peak = int(torch.cuda.max_memory_allocated(self.model.device)) - before if cuda else None
+        return peak, self._probe.read()
 
     def memory_probe(self) -> MemoryProbe:
         from specdec.memory import probe_for_module
@@ -620,8 +678,9 @@ class DFlashDrafter:
         return drafter
 
     def describe(self) -> dict[str, Any]:
-        """For the result JSON (`specdec.protocols.Describes`): where it was loaded from and its cut."""
-        return {"path": self.path, **self.policy.describe()}
+        """For the result JSON (`specdec.protocols.Describes`): where it was loaded from, DFlash or DFlash2,
+        and its cut."""
+        return {"path": self.path, "architecture": self.cfg.architecture, **self.policy.describe()}
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write this drafter's config + weights in the public format."""
@@ -674,6 +733,19 @@ class DFlashDrafter:
     def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
         """Logits [n, V] of the next n positions, for sampled proposals at temperature > 0."""
         return self._need().vocab_logits(last_token, n)
+
+    @property
+    def walks(self) -> bool:
+        """DFlash2: sampled proposals are the selector's walk (`propose_walk`), not independent rows."""
+        return self.cfg.dflash2 is not None
+
+    def propose_walk(
+        self, last_token: int, n: int, *, temperature: float, u: torch.Tensor
+    ) -> tuple[list[int], torch.Tensor]:
+        """DFlash2 at temperature > 0: the selector's walk sampled with uniforms u [n] -> (tokens, q [n, V],
+        each row the distribution its token was drawn from given the tokens before it)."""
+        walk = self._need().walk(last_token, n, temperature=temperature, u=u)
+        return walk.tokens.tolist(), walk.dense(self.cfg.vocab_size)
 
     def rollback(self, n: int) -> None:
         self._need().rollback(n)

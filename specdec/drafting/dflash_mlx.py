@@ -24,6 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import torch
 
 from specdec.bridges.mlx import embed_scale, final_softcap, head_module, text_model
@@ -76,6 +77,75 @@ class _MLP(nn.Module):
         return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class _DynamicConv(nn.Module):
+    """DFlash2's grouped dynamic causal convolution over one block (`specdec.drafting.dflash2`)."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        d2, H = cfg.dflash2, cfg.hidden_size
+        self.taps, self.group = d2.conv_kernel_size, d2.conv_group_size
+        self.base_kernel = mx.zeros((2, self.taps, H))  # [side, taps, H]
+        self.kernel_projection = nn.Linear(H, 2 * self.taps * (H // self.group), bias=False)
+
+    def dynamic(self, h: mx.array) -> mx.array:
+        """Normed sublayer input h [1, L, H] -> dynamic taps [1, L, 2, taps, G]."""
+        B, L, H = h.shape
+        return self.kernel_projection(h).reshape(B, L, 2, self.taps, H // self.group)
+
+    def __call__(self, x: mx.array, dyn: mx.array, side: int) -> mx.array:
+        B, L, H = x.shape
+        G = H // self.group
+        xs = x.reshape(B, L, G, self.group)  # [1, bs, G, g]
+        base = self.base_kernel[side].reshape(self.taps, G, self.group).astype(x.dtype)  # [taps, G, g]
+        out = mx.zeros_like(xs)
+        for j in range(min(self.taps, L)):
+            src = xs if j == 0 else mx.concatenate([mx.zeros_like(xs[:, :j]), xs[:, :-j]], axis=1)
+            out = out + base[j] * src
+            out = out + dyn[:, :, side, j, :, None] * src
+        return out.reshape(B, L, H)
+
+
+class _Selector(nn.Module):
+    """DFlash2's candidate selector (`specdec.drafting.dflash2.CandidateSelector`), in MLX."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        d2 = cfg.dflash2
+        self.top_k = d2.selector_top_k
+        self.hidden_projection = nn.Linear(cfg.hidden_size, d2.selector_rank, bias=False)
+        self.predecessor_codebook = mx.zeros((cfg.vocab_size, d2.selector_rank))  # [V, R], bare
+        self.successor_codebook = mx.zeros((cfg.vocab_size, d2.selector_rank))
+
+    def walk(
+        self, hidden: mx.array, logits: mx.array, first: int, temperature: float, u: list[float] | None
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """As the torch selector's: (tokens [n], probs [n, k], candidates [n, k]), lazy."""
+        n, k = logits.shape[0], self.top_k
+        part = mx.argpartition(-logits, k - 1, axis=-1)[:, :k]  # [n, k] the top k, any order
+        top = mx.take_along_axis(logits, part, axis=-1)
+        order = mx.argsort(-top, axis=-1)  # best first, as torch's topk: a sampled walk draws alike
+        cand = mx.take_along_axis(part, order, axis=-1)  # [n, k]
+        unary = mx.take_along_axis(top, order, axis=-1).astype(mx.float32)  # [n, k]
+        proj = self.hidden_projection(hidden).astype(mx.float32)  # [n, R]
+        succ = self.successor_codebook[cand].astype(mx.float32)  # [n, k, R]
+        prev = mx.array([first])
+        tokens, probs = [], []
+        for p in range(n):
+            pre = self.predecessor_codebook[prev].astype(mx.float32) * proj[p]  # [1, R]
+            scores = unary[p] + succ[p] @ pre[0]  # [k]
+            if temperature > 0:
+                q = mx.softmax(scores / temperature, axis=-1)
+                cdf = mx.cumsum(q)
+                idx = mx.minimum(mx.sum(cdf <= u[p] * cdf[-1]), k - 1)  # inverse CDF, as `sample_from`
+                idx = mx.where(q[idx] == 0, mx.argmax(q), idx)[None]
+            else:
+                q, idx = mx.softmax(scores, axis=-1), mx.argmax(scores)[None]
+            prev = cand[p][idx]  # [1]
+            tokens.append(prev)
+            probs.append(q)
+        return mx.concatenate(tokens), mx.stack(probs), cand
+
+
 class _Layer(nn.Module):
     def __init__(self, cfg: DFlashConfig, index: int) -> None:
         super().__init__()
@@ -84,6 +154,16 @@ class _Layer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.sliding_window = cfg.sliding_window if cfg.layer_types[index] == SLIDING else None
+        if cfg.dflash2 is not None:
+            self.attention_conv, self.mlp_conv = _DynamicConv(cfg), _DynamicConv(cfg)
+
+    def mlp_block(self, x: mx.array) -> mx.array:
+        """x plus its MLP sublayer (DFlash2: wrapped in its convolution)."""
+        h = self.post_attention_layernorm(x)
+        if "mlp_conv" not in self:
+            return x + self.mlp(h)
+        dyn = self.mlp_conv.dynamic(h)
+        return x + self.mlp_conv(self.mlp(self.mlp_conv(h, dyn, 0)), dyn, 1)
 
 
 class MLXDFlashModel(nn.Module):
@@ -96,6 +176,8 @@ class MLXDFlashModel(nn.Module):
         self.fc = nn.Linear(cfg.feature_dim, cfg.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if cfg.dflash2 is not None:
+            self.candidate_selector = _Selector(cfg)
         self._wavelengths: mx.array | None = None  # [D/2], for mx.fast.rope's `freqs`; None: plain RoPE
         self._rope_scale = 1.0
         if cfg.rope_scaling is not None:
@@ -133,6 +215,10 @@ class MLXDFlashModel(nn.Module):
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
             h = layer.input_layernorm(x)
+            conv = "attention_conv" in layer  # DFlash2
+            if conv:
+                dyn = layer.attention_conv.dynamic(h)
+                h = layer.attention_conv(h, dyn, 0)
             q = a.q_norm(a.q_proj(h).reshape(1, bs, a.n_heads, a.head_dim)).transpose(0, 2, 1, 3)
             q = self._rope(q, start)
             k, v = self._kv(a, h, start)
@@ -142,8 +228,8 @@ class MLXDFlashModel(nn.Module):
             values = mx.concatenate([cache.v[i][:, :, lo:start], v], axis=2)
             mask = _mask(start, bs, lo, w, self.cfg.is_causal)
             o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=a.head_dim**-0.5, mask=mask)
-            x = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(1, bs, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            out = a.o_proj(o.transpose(0, 2, 1, 3).reshape(1, bs, -1))
+            x = layer.mlp_block(x + (layer.attention_conv(out, dyn, 1) if conv else out))
         return self.norm(x)
 
 
@@ -240,7 +326,9 @@ class MLXDFlashDrafter:
         self._embed: Any = None
         self._head: Any = None
         self._rows = None if cfg.draft_vocab is None else mx.array(list(cfg.draft_vocab), dtype=mx.int32)
-        self._mask_col = cfg.mask_column
+        self.d2 = cfg.dflash2  # DFlash2's read-out and selector, or None
+        self._mask_col = cfg.mask_column if self.d2 is None else None  # as the torch drafter
+        self.walks = self.d2 is not None  # `specdec.protocols.SampledWalk`
 
     @classmethod
     def from_pretrained(
@@ -268,8 +356,9 @@ class MLXDFlashDrafter:
         return d
 
     def describe(self) -> dict[str, Any]:
-        """For the result JSON (`specdec.protocols.Describes`): where it was loaded from and its cut."""
-        return {"path": self.path, **self.policy.describe()}
+        """For the result JSON (`specdec.protocols.Describes`): where it was loaded from, DFlash or DFlash2,
+        and its cut."""
+        return {"path": self.path, "architecture": self.cfg.architecture, **self.policy.describe()}
 
     # ---- protocol ----------------------------------------------------------------------------------------
 
@@ -314,22 +403,60 @@ class MLXDFlashDrafter:
         if features.shape[0]:
             cache.append(self.model.context_kv(features, cache.length))
 
-    def block_logits(self, last_token: int, n: int) -> mx.array:
-        """Logits [n, K] (K = V without a draft vocabulary) of block positions 1..n, mask token at -inf."""
+    def block_hidden(self, last_token: int) -> mx.array:
+        """Hidden states [bs, H] of the block [last_token, MASK...] (lazy)."""
         cache = self._need()
         ids = mx.array([last_token] + [self.mask_token_id] * (self.block_size - 1), dtype=mx.int32)[None]
-        hidden = self.model.block(cache, self._embed(ids))  # [1, bs, H]
-        logits = self._head(hidden[0, 1 : n + 1]).astype(mx.float32)  # [n, K]
+        emb = self._embed(ids)  # [1, bs, H]
+        if self.d2 is not None and self.d2.input_embedding_scale != 1.0:
+            emb = emb * self.d2.input_embedding_scale
+        return self.model.block(cache, emb)[0]
+
+    def block_logits(self, last_token: int, n: int, hidden: mx.array | None = None) -> mx.array:
+        """Logits [n, K] (K = V without a draft vocabulary) of block positions 1..n, mask token at -inf
+        (DFlash2: times its output multiplier, soft-capped), as the torch drafter's."""
+        hidden = self.block_hidden(last_token) if hidden is None else hidden
+        logits = self._head(hidden[1 : n + 1]).astype(mx.float32)  # [n, K]
+        if self.d2 is not None:
+            logits = logits * self.d2.output_multiplier
+            cap = self.d2.final_logit_softcapping
+            return logits if cap is None else mx.tanh(logits / cap) * cap
         if self._mask_col is not None and self._mask_col < logits.shape[-1]:
             col = mx.arange(logits.shape[-1]) == self._mask_col
             logits = mx.where(col[None], -math.inf, logits)
         return logits
+
+    def walk(
+        self, last_token: int, n: int, *, temperature: float = 0.0, u: Sequence[float] | None = None
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """DFlash2: the selector's walk over block positions 1..n: (tokens [n], probs [n, k], candidates
+        [n, k]), lazy; greedy, or sampled at `temperature` with uniforms u [n]."""
+        hidden = self.block_hidden(last_token)
+        logits = self.block_logits(last_token, n, hidden)
+        return self.model.candidate_selector.walk(hidden[1 : n + 1], logits, last_token, temperature, u)
+
+    def propose_walk(
+        self, last_token: int, n: int, *, temperature: float, u: torch.Tensor
+    ) -> tuple[list[int], torch.Tensor]:
+        """DFlash2 at temperature > 0 (`specdec.protocols.SampledWalk`): the sampled walk and q [n, V]."""
+        tokens, probs, cand = self.walk(last_token, n, temperature=temperature, u=u.tolist())
+        mx.eval(tokens, probs, cand)
+        q = torch.zeros(n, self.vocab_size)  # [n, V]
+        q.scatter_(1, torch.tensor(np.array(cand), dtype=torch.long), torch.tensor(np.array(probs)))
+        return tokens.tolist(), q
 
     def propose(self, last_token: int, n: int) -> list[int]:
         if not 0 <= n < self.block_size:
             raise ValueError(f"can propose 0..{self.block_size - 1} tokens per block, asked for {n}")
         if n == 0:
             return []
+        if self.d2 is not None:
+            tokens, probs, _ = self.walk(last_token, n)
+            if not self.policy.needs_confidence("dflash"):
+                return tokens.tolist()  # the one sync of a proposal
+            top = mx.max(probs, axis=-1)  # [n]: the walk's own chances
+            mx.eval(tokens, top)
+            return self.policy.cut(Draft(tokens.tolist(), "dflash", top.tolist())).tokens
         logits = self.block_logits(last_token, n)  # [n, K]
         best = mx.argmax(logits, axis=-1)
         if self._rows is not None:
