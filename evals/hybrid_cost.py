@@ -70,9 +70,7 @@ def _held_bytes(v: Any) -> int:
             for la in v._linear
         )
         return n
-    return sum(t.out.nbytes for r in v._recurrent.values() for t in r.taps.values()) + sum(
-        r.x.nbytes for r in v._recurrent.values()
-    )
+    return sum(r.held_bytes() for r in v._recurrent.values())
 
 
 def _sync(v: Any) -> None:

@@ -143,7 +143,10 @@ def _hf_peer(verifier: Verifier, cfg: DecodeConfig, **gen_kw: Any) -> PeerRun:
     return run
 
 
-def _mlx_peer(verifier: Verifier, cfg: DecodeConfig) -> PeerRun:
+def _mlx_peer(verifier: Verifier, cfg: DecodeConfig, **gen_kw: Any) -> PeerRun:
+    """mlx_lm's own loop; with `draft_model` / `num_draft_tokens` its speculative decoding, whose steps and
+    acceptance are counted from the responses' `from_draft` (a step ends at each token not from the draft;
+    the first comes from the prefill)."""
     from mlx_lm import stream_generate
 
     model, tok = verifier.model, verifier.tokenizer  # type: ignore[attr-defined]
@@ -151,17 +154,57 @@ def _mlx_peer(verifier: Verifier, cfg: DecodeConfig) -> PeerRun:
     def run(ids: list[int]) -> dict[str, Any]:
         probe = verifier.memory_probe()
         probe.reset()
-        tokens, times = [], []
+        tokens, times, own = [], [], 0
         t0 = time.perf_counter()
         # greedy (no sampler); the last response carries the EOS token or the max_tokens-th token
-        for r in stream_generate(model, tok, prompt=ids, max_tokens=cfg.max_new_tokens):
+        for r in stream_generate(model, tok, prompt=ids, max_tokens=cfg.max_new_tokens, **gen_kw):
             times.append(time.perf_counter())
             tokens.append(int(r.token))
+            own += not r.from_draft
         t_end = time.perf_counter()
         rec = _peer_figures(tokens, t0, times, [1] * len(times), t_end)
+        if gen_kw.get("draft_model") is not None and own > 1:
+            rec |= {"n_steps": own - 1, "acceptance_sum": len(tokens) - 1}
         return {**rec, "peak_memory": probe.read()}
 
     return run
+
+
+def _draft_model_peers(
+    verifier: Verifier, drafter: Drafter | None, cfg: DecodeConfig
+) -> tuple[dict[str, PeerRun], dict[str, str]]:
+    """With a draft model (`--drafter model:...`) in the verifier's runtime: the runtime's own speculative
+    decoding with the same draft model and draft length, what users compare us with (mlx_lm's
+    `draft_model`, transformers' assisted generation)."""
+    from specdec.drafting.model import ModelDrafter
+
+    if not isinstance(drafter, ModelDrafter):
+        return {}, {}
+    d, k = drafter.draft, min(cfg.block_size, drafter.block_size) - 1
+    if verifier.runtime == "mlx" and d.runtime == "mlx":
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        name = "mlx_lm-speculative"
+        if not all(can_trim_prompt_cache(make_prompt_cache(m)) for m in (verifier.model, d.model)):  # type: ignore[attr-defined]
+            return {}, {name: "skipped: mlx_lm's speculative decoding needs trimmable caches in both models"}
+        run = _mlx_peer(verifier, cfg, draft_model=d.model, num_draft_tokens=k)  # type: ignore[attr-defined]
+        return {name: run}, {
+            name: f"mlx_lm.stream_generate, draft_model {d.model_name}, {k} draft tokens, greedy"
+        }
+    if verifier.runtime == "hf" and d.runtime == "hf":
+        gc = d.model.generation_config  # type: ignore[attr-defined]
+        # a fixed draft length, as ours: no schedule, no confidence cut
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = k, "constant"
+        gc.assistant_confidence_threshold = 0.0
+        name = "hf-assisted"
+        run = _hf_peer(verifier, cfg, assistant_model=d.model)  # type: ignore[attr-defined]
+        return {name: run}, {
+            name: f"transformers assisted generation, assistant {d.model_name}, {k} tokens, greedy"
+        }
+    return {}, {
+        "draft-model-peer": f"skipped: the draft model runs in {d.runtime}, the verifier in "
+        f"{verifier.runtime}"
+    }
 
 
 def drafter_peer(verifier: Verifier, drafter: Drafter, cfg: DecodeConfig) -> PeerRun:
@@ -190,8 +233,17 @@ def drafter_peer(verifier: Verifier, drafter: Drafter, cfg: DecodeConfig) -> Pee
     return run
 
 
-def peer_runners(verifier: Verifier, cfg: DecodeConfig) -> tuple[dict[str, PeerRun], dict[str, str]]:
-    """({name: run(prompt ids) -> figures}, {name: description}) for the verifier's runtime (stub: none)."""
+def peer_runners(
+    verifier: Verifier, cfg: DecodeConfig, drafter: Drafter | None = None
+) -> tuple[dict[str, PeerRun], dict[str, str]]:
+    """({name: run(prompt ids) -> figures}, {name: description}) for the verifier's runtime (stub: none),
+    and for a draft model the runtime's own speculative decoding with it."""
+    runs, notes = _runtime_peers(verifier, cfg)
+    more, more_notes = _draft_model_peers(verifier, drafter, cfg)
+    return runs | more, notes | more_notes
+
+
+def _runtime_peers(verifier: Verifier, cfg: DecodeConfig) -> tuple[dict[str, PeerRun], dict[str, str]]:
     if verifier.runtime == "hf":
         return (
             {
@@ -352,7 +404,7 @@ def run_eval(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     base_cfg = replace(cfg, block_size=1)  # same limits and sampling, no drafter
-    runners, peer_notes = peer_runners(verifier, cfg) if peers else ({}, {})
+    runners, peer_notes = peer_runners(verifier, cfg, drafter) if peers else ({}, {})
     for name, other in (peer_drafters or {}).items():
         runners[name] = drafter_peer(verifier, other, cfg)
         peer_notes[name] = (

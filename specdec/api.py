@@ -171,9 +171,14 @@ def load_verifier(
 
 def check_drafter(spec: str | None) -> Path | None:
     """Check a drafter spec before any model loads: a DFlash checkpoint's config and weights header (names,
-    shapes, truncation; a hub repo id is fetched into its cache). Its checkpoint folder, or None for
-    "none" / "prompt-lookup"."""
+    shapes, truncation; a hub repo id is fetched into its cache), a draft model's name. Its checkpoint
+    folder, or None for "none" / "prompt-lookup" / a draft model."""
     if spec in (None, "none", "prompt-lookup"):
+        return None
+    if spec.startswith("model:") and not spec.endswith("+lookup"):
+        from specdec.drafting.model import check_draft_model
+
+        check_draft_model(spec.removeprefix("model:"))
         return None
     if spec.endswith("+lookup"):
         if spec.removesuffix("+lookup") in ("none", "prompt-lookup"):
@@ -186,7 +191,10 @@ def check_drafter(spec: str | None) -> Path | None:
 
         path = resolve_drafter(spec)  # a local folder as it is; a hub repo id from the hub cache
     if not (path / "config.json").is_file():
-        raise ValueError(f"drafter {spec!r}: expected 'none', 'prompt-lookup' or a DFlash checkpoint folder")
+        raise ValueError(
+            f"drafter {spec!r}: expected 'none', 'prompt-lookup', 'model:<draft model>' or a DFlash "
+            "checkpoint folder"
+        )
     from specdec.drafting.checkpoint import check_checkpoint
 
     check_checkpoint(path)
@@ -222,7 +230,7 @@ def load_drafter(
     spec: str | None,
     *,
     verifier: Verifier,
-    block_size: int = LOOKUP_BLOCK_SIZE,
+    block_size: int | None = None,
     device: str = "cpu",
     dtype: str = "float32",
     min_confidence: float = 0.0,
@@ -233,8 +241,11 @@ def load_drafter(
 ) -> Drafter | None:
     """`spec`: None/"none" (autoregressive), "prompt-lookup", "bundled:<model>" (a drafter shipped with
     specdec, e.g. "bundled:smollm2-135m"), a folder with a DFlash checkpoint, or a hub repo id of one
-    (`owner/name`: config.json and *.safetensors only, cached; see `specdec.models.resolve_drafter`). A
-    DFlash spec ending in "+lookup" drafts by prompt lookup where the text repeats and with DFlash elsewhere
+    (`owner/name`: config.json and *.safetensors only, cached; see `specdec.models.resolve_drafter`), or
+    "model:<folder | known name | hub id>": a small causal LM of the verifier's tokenizer drafting token by
+    token (`specdec.drafting.model`; in transformers, or in mlx_lm with `runtime` "mlx"). `block_size`
+    None: the drafter's own (16 for prompt lookup, 5 for a draft model). A DFlash or draft-model spec ending
+    in "+lookup" drafts by prompt lookup where the text repeats and with that drafter elsewhere
     (`LookupFirstDrafter`). `min_confidence` cuts DFlash blocks where the drafter's running top-1
     probability falls below it (worth it where verifying several tokens costs much more than one).
     `runtime` "mlx" runs a DFlash drafter in MLX itself (`specdec.drafting.dflash_mlx`, with an MLX verifier:
@@ -268,14 +279,22 @@ def load_drafter(
             dtype=dtype, min_confidence=min_confidence, runtime=runtime, costs=costs,
         )  # fmt: skip
         if inner is None or inner.name == "prompt-lookup":
-            raise ValueError(f"drafter {spec!r}: '+lookup' goes after a DFlash drafter")
+            raise ValueError(f"drafter {spec!r}: '+lookup' goes after a DFlash drafter or a draft model")
         ngrams = load_corpus_ngrams(corpus, verifier) if corpus is not None else None
-        return LookupFirstDrafter(inner, block_size=block_size, corpus=ngrams, policy=policy)
+        lookup_block = block_size or LOOKUP_BLOCK_SIZE
+        return LookupFirstDrafter(inner, block_size=lookup_block, corpus=ngrams, policy=policy)
     path = check_drafter(spec)
-    if path is None:
+    if spec.startswith("model:"):
+        from specdec.drafting.model import MODEL_BLOCK_SIZE, load_draft_model
+
+        drafter: Drafter = load_draft_model(
+            spec.removeprefix("model:"), verifier=verifier, runtime=runtime, device=device, policy=policy,
+            dtype=str(torch_dtype(dtype)).removeprefix("torch."), block_size=block_size or MODEL_BLOCK_SIZE,
+        )  # fmt: skip
+    elif path is None:
         from specdec.drafting.lookup import PromptLookupDrafter
 
-        drafter: Drafter = PromptLookupDrafter(block_size=block_size)
+        drafter = PromptLookupDrafter(block_size=block_size or LOOKUP_BLOCK_SIZE)
     else:
         if runtime == "mlx":
             from specdec.drafting.dflash_mlx import MLXDFlashDrafter
@@ -429,7 +448,7 @@ def drafter_for(
     """The drafter `spec` names, bound to `verifier`, in `dtype`, its drafts cut by `costs` where given (else
     by `spec.min_confidence`), in drafter runtime `runtime` (default `spec.drafter_runtime`)."""
     return load_drafter(
-        spec.drafter, verifier=verifier, block_size=spec.fixed_block or LOOKUP_BLOCK_SIZE, device=spec.device,
+        spec.drafter, verifier=verifier, block_size=spec.fixed_block, device=spec.device,
         dtype=dtype, min_confidence=spec.fixed_confidence, runtime=runtime or spec.drafter_runtime,
         corpus=spec.corpus, corpus_cut=spec.corpus_cut, costs=costs,
     )  # fmt: skip

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from specdec.api import DRAFTER_RUNTIMES, LOOKUP_BLOCK_SIZE, RUNTIMES, RunSpec
+from specdec.drafting.model import MODEL_BLOCK_SIZE
 from specdec.sampling import PROPOSALS, RULES, SamplingParams
 
 __all__ = [
@@ -102,17 +103,20 @@ def add_verifier_args(p: argparse.ArgumentParser, *, runtime: str = "stub", mode
 def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-lookup") -> None:
     p.add_argument(
         "--drafter", default=drafter,
-        help="'none' (autoregressive), 'prompt-lookup', 'bundled:<model>' or a DFlash checkpoint folder; "
-        "append '+lookup' to a DFlash one for prompt lookup where the text repeats",
+        help="'none' (autoregressive), 'prompt-lookup', 'bundled:<model>', a DFlash checkpoint folder or hub "
+        "id, or 'model:<folder | name>': a small LM of the verifier's tokenizer drafting token by token; "
+        "append '+lookup' to a DFlash drafter or draft model for prompt lookup where the text repeats",
     )  # fmt: skip
     p.add_argument(
         "--block-size", type=or_auto(at_least(1)),
-        help=f"default: the drafter's ({LOOKUP_BLOCK_SIZE} for prompt lookup); auto: from --costs",
+        help=f"default: the drafter's ({LOOKUP_BLOCK_SIZE} for prompt lookup, {MODEL_BLOCK_SIZE} for a draft "
+        "model); auto: from --costs",
     )  # fmt: skip
     p.add_argument(
         "--drafter-runtime", choices=DRAFTER_RUNTIMES, default="torch",
-        help="torch: the PyTorch drafter on --device (any verifier); mlx: the same checkpoint run in MLX "
-        "beside an MLX verifier, nothing crossing to torch",
+        help="torch: the PyTorch drafter on --device (any verifier; a draft model in transformers); mlx: "
+        "the same checkpoint (or draft model, in mlx_lm) run in MLX beside an MLX verifier, nothing "
+        "crossing to torch",
     )  # fmt: skip
     p.add_argument(
         "--min-confidence", type=or_auto(finite(0, 1)), default=0.0,

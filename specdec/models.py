@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "MANIFEST", "MODELS", "ModelSpec", "config_fixes", "fetch", "model_dir", "models_home", "resolve_model",
+    "MANIFEST", "MODELS", "ModelSpec", "config_fixes", "fetch", "is_repo_id", "model_dir", "models_home",
+    "resolve_model",
 ]  # fmt: skip
 
 MANIFEST = "specdec-manifest.json"
@@ -500,6 +501,11 @@ def fetch(
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def is_repo_id(text: str) -> bool:
+    """Whether `text` reads as a hub repo id (`owner/name`) rather than a relative path."""
+    return bool(_REPO_ID.match(text)) and not text.startswith((".", "~"))
+
+
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
     import socket
 
@@ -538,7 +544,7 @@ def resolve_model(arg: str | Path, *, progress: bool = True) -> Path | str:
                 f"model folder {text!r} has no config.json: it is not an HF-format model folder"
             )
         return path
-    if isinstance(arg, str) and _REPO_ID.match(text) and not text.startswith((".", "~")):
+    if isinstance(arg, str) and is_repo_id(text):
         if not _in_hub_cache(text) and not _hub_reachable():
             raise RuntimeError(
                 f"{text!r} is neither a local folder nor in the local Hugging Face cache, and the hub is not "
@@ -561,7 +567,7 @@ def resolve_drafter(spec: str, *, revision: str | None = None) -> Path:
     remote code is ever run: the public format is weights and a config). Works offline once cached: the
     cached snapshot is used without asking the hub when HF_HUB_OFFLINE is set or the hub is unreachable."""
     path = Path(spec).expanduser()
-    if path.exists() or not _REPO_ID.match(spec) or spec.startswith((".", "~")):
+    if path.exists() or not is_repo_id(spec):
         return path
     try:
         from huggingface_hub import snapshot_download

@@ -156,7 +156,7 @@ def test_runtimes_agree(verifiers, arch):
         v.set_target_layers((0, v.num_layers - 1))
         v.reset()
         out.append(
-            torch.tensor(np.array(v._forward(PROMPT, last_only=False)) if v is mv else v.forward(PROMPT))
+            torch.as_tensor(np.array(v._forward(PROMPT, last_only=False))) if v is mv else v.forward(PROMPT)
         )
         out.append(v.features(PLEN, **KW))
         v.set_target_layers(())

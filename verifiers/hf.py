@@ -197,7 +197,7 @@ class HFVerifier:
             path = str(model_path_or_model)
             model = self._load(Path(path), dtype=dtype, device=device)
             if tokenizer is None:
-                tokenizer = self._load_tokenizer(Path(path))
+                tokenizer = self.load_tokenizer(Path(path))
         self.model = model.eval()
         cpu = torch.device(device).type == "cpu"
         half = dtype in (torch.bfloat16, torch.float16)
@@ -272,7 +272,7 @@ class HFVerifier:
         return model.to(device)
 
     @staticmethod
-    def _load_tokenizer(path: Path) -> Any:
+    def load_tokenizer(path: Path) -> Any:
         names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
         if not any((path / n).is_file() for n in names):
             return None  # e.g. tiny random test models

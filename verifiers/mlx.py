@@ -23,7 +23,8 @@ Contract (beyond `specdec.protocols.Verifier`):
   state) roll back by replay (`_Recurrent`): a call of at most `MAX_RECORDED` tokens keeps the layer's
   state from before the call and its input projections' outputs; a rollback restores that state and runs
   mlx_lm's own mixer over the accepted prefix again, which recomputes the conv window and the recurrence
-  (the same per-token steps) but no projection. Only the last call can be undone.
+  (the same per-token steps) but no projection. What the calls since the last rollback appended can be
+  undone (one verify; the one-token steps of a draft model), back to a call longer than that.
 - Checkpoints as transformers 5 saves them load too (`_transformers_layout`: Qwen3.5-MoE experts one by
   one, gpt-oss experts input-major), as do text-only Qwen3.5 configs (`specdec.models.config_fixes`).
 """
@@ -156,10 +157,10 @@ def _transformers_layout(model_type: str | None, weights: dict[str, mx.array]) -
 
 class _Replay:
     """Stands in for one input projection of a recurrent mixer: records its output during a verify; gives
-    back the first `rows` positions of that output during a replay (no product computed again)."""
+    back the first `rows` positions of the given output during a replay (no product computed again)."""
 
-    def __init__(self, proj: Any) -> None:
-        self.proj, self.out, self.rows = proj, None, None
+    def __init__(self, proj: Any, out: mx.array | None = None, rows: int | None = None) -> None:
+        self.proj, self.out, self.rows = proj, out, rows
 
     def __call__(self, x: mx.array) -> mx.array:
         if self.rows is not None:
@@ -169,31 +170,48 @@ class _Replay:
 
 
 class _Recurrent:
-    """Stands in for one recurrent mixer (Gated DeltaNet: `layer.linear_attn`) during a verify, so that the
-    verify can be undone exactly. It keeps the mixer's cache arrays as they were before the call (MLX
-    arrays are immutable and the mixer assigns new ones, so the references are the snapshot), its input,
-    and the outputs of its input projections. `replay(a)` restores the snapshot and runs mlx_lm's own
-    mixer over the first `a` positions again with those outputs: only the conv window and the recurrence
-    are recomputed (the same per-token steps); the output projection is never evaluated."""
+    """Stands in for one recurrent mixer (Gated DeltaNet: `layer.linear_attn`) during the calls since the last
+    rollback, so that they can be undone exactly. It keeps the mixer's cache arrays as they were before the
+    first of them (MLX arrays are immutable and the mixer assigns new ones, so the references are the
+    snapshot), and each call's input and input-projection outputs. `replay(a)` restores the snapshot and
+    runs mlx_lm's own mixer over the first `a` of those positions again with the recorded outputs: only the
+    conv window and the recurrence are recomputed (the same per-token steps); the output projection is
+    never evaluated. Several calls before one rollback: a draft model drafting token by token."""
 
     def __init__(self, mixer: nn.Module, proj_names: Sequence[str]) -> None:
         self.mixer, self.names = mixer, tuple(proj_names)
         self.cache: Any = None
+        self.calls: list[tuple[mx.array, dict[str, _Replay]]] = []  # since the last rollback
 
     def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
-        self.cache, self.before, self.x = cache, list(cache.cache), x  # x: [1, T, H]
-        self.taps = {n: _Replay(self.mixer[n]) for n in self.names}
-        with _swapped(self.mixer, self.taps):
+        if not self.calls:
+            self.cache, self.before = cache, list(cache.cache)
+        taps = {n: _Replay(self.mixer[n]) for n in self.names}
+        self.calls.append((x, taps))  # x: [1, T, H]
+        with _swapped(self.mixer, taps):
             return self.mixer(x, mask, cache)
 
+    def held_bytes(self) -> int:
+        """What the recorded calls keep: their inputs and input-projection outputs."""
+        return sum(x.nbytes + sum(t.out.nbytes for t in taps.values()) for x, taps in self.calls)
+
+    def forget(self) -> None:
+        """Keep the state as it is: the recorded calls are committed."""
+        self.calls = []
+
     def replay(self, a: int) -> None:
+        calls, self.calls = self.calls, []
         self.cache.cache = list(self.before)
         if a == 0:
             return
-        for t in self.taps.values():
-            t.rows = a
-        with _swapped(self.mixer, self.taps):
-            self.mixer(self.x[:, :a], None, self.cache)
+
+        def joined(parts: list[mx.array]) -> mx.array:
+            return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
+
+        x = joined([c[0] for c in calls])[:, :a]
+        taps = {n: _Replay(None, joined([c[1][n].out for c in calls]), a) for n in self.names}
+        with _swapped(self.mixer, taps):
+            self.mixer(x, None, self.cache)
 
 
 @contextmanager
@@ -385,7 +403,7 @@ class MLXVerifier:
         self._ahead: tuple[int, mx.array] | None = None  # (token fed ahead, its greedy successor [1])
         # a queued step must be trimmable, which a recurrent layer's state is not
         self.run_ahead = all(type(c) in _EXACT_CACHES for c in self._cache)
-        self._recorded = 0  # positions of the last call the recurrent layers can undo (see `_Recurrent`)
+        self._commit()  # positions the recurrent layers can undo: those of the calls since the last rollback
 
     def _inexact_caches(self) -> list[str]:
         return sorted({
@@ -409,7 +427,7 @@ class MLXVerifier:
         if not 0 <= n <= self._pos:
             raise ValueError(f"cannot roll back {n} of {self._pos} cached positions")
         if n == 0:
-            self._recorded = 0
+            self._commit()
             return
         self._drop_ahead()
         self.check_rollback()
@@ -417,14 +435,21 @@ class MLXVerifier:
             if n > self._recorded:
                 raise RollbackError(
                     f"cannot roll back {n} positions exactly: the recurrent layers of {self.model_name} can "
-                    f"undo the last {self._recorded} positions only (the last call of at most {MAX_RECORDED})"
+                    f"undo the last {self._recorded} positions only (calls since the last rollback, each "
+                    f"of at most {MAX_RECORDED})"
                 )
             for r in self._recurrent.values():
-                r.replay(r.x.shape[1] - n)
+                r.replay(self._recorded - n)
             # start the replay now: it runs while the drafter works, not inside the next verify
             mx.async_eval([self._cache[i].cache for i in self._recurrent])
         self._trim(n)
         self._pos -= n
+        self._recorded = 0
+
+    def _commit(self) -> None:
+        """What the recurrent layers recorded is kept: a later rollback cannot reach into it."""
+        for r in self._recurrent.values():
+            r.forget()
         self._recorded = 0
 
     def _drop_ahead(self) -> None:
@@ -500,7 +525,10 @@ class MLXVerifier:
         with self._tapped(store, last_only=last_only, record=record):
             logits = self.model(ids[None], cache=self._cache)  # [1, T|1, V]
         self._pos = p0 + T
-        self._recorded = T if record else 0
+        if record:
+            self._recorded += T
+        else:  # a call the recurrent layers did not record: nothing before it can be undone
+            self._commit()
         # [T, K*H], layers in the order asked for
         self._feats = (
             mx.concatenate([store[i] for i in self._layer_ids], axis=-1)[0] if self._layer_ids else None

@@ -1,7 +1,7 @@
 """One draft policy: where a draft is cut, and whose draft a step verifies.
 
-Every proposer gives a `Draft`: tokens with a confidence for each given the ones before it (DFlash: its
-top-1 probabilities; prompt lookup: the acceptance rates measured for the n-gram length it matched,
+Every proposer gives a `Draft`: tokens with a confidence for each given the ones before it (DFlash, a draft
+model: its top-1 probabilities; prompt lookup: the acceptance rates measured for the n-gram length it matched,
 `specdec.drafting.lookup.lookup_accept`; corpus n-grams: each token's share of what followed its context).
 `DraftPolicy.cut` ends a draft either where its running confidence falls below a threshold
 (`min_confidence` for DFlash, `corpus_cut` for corpus n-grams; lookup drafts are free to draft and kept
@@ -32,8 +32,8 @@ CORPUS_ACCEPT_POWER = 1.5
 
 @dataclass(frozen=True)
 class Draft:
-    """A proposal: `tokens`, its `source` ("dflash", "lookup" or "corpus") and each token's confidence given
-    the ones before it (see the module docstring; empty where no cut reads them)."""
+    """A proposal: `tokens`, its `source` ("dflash", "model", "lookup" or "corpus") and each token's
+    confidence given the ones before it (see the module docstring; empty where no cut reads them)."""
 
     tokens: list[int]
     source: str
@@ -119,7 +119,8 @@ class DraftPolicy:
         return self.costs is not None or self._threshold(source) > 0
 
     def _threshold(self, source: str) -> float:
-        return {"dflash": self.min_confidence, "corpus": self.corpus_cut}.get(source, 0.0)
+        model = self.min_confidence  # a model drafter's: DFlash's blocks, a draft model's chains
+        return {"dflash": model, "model": model, "corpus": self.corpus_cut}.get(source, 0.0)
 
     @staticmethod
     def acceptance(draft: Draft) -> list[float]:
