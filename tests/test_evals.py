@@ -230,3 +230,22 @@ def test_hybrid_cost_tool_runs(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())["rows"]
     assert [r["runtime"] for r in rows] == ["hf", "mlx"]
     assert all(r["verify_ms"] > 0 and r["rollback_ms"] >= 0 and r["held_bytes"] > 0 for r in rows)
+
+
+@pytest.mark.hf
+def test_gpu_check_script_rehearses_on_a_cpu(tmp_path: Path) -> None:
+    """`bash evals/gpu_check.sh` with the CPU preset (what a lent GPU runs, in small): every part lands in its
+    table; on a machine without CUDA the CUDA tests are listed as skipped, never as run."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "PRESET": "cpu", "ITERS": "1"}
+    subprocess.run(["bash", "evals/gpu_check.sh"], cwd=root, env=env, check=True, capture_output=True)
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["tests"]["failed"] == [] and result["tests"]["total"] > 50
+    assert result["tests"]["cuda_tests_skipped"] or result["tests"]["cuda_tests_run"]
+    assert result["peak_memory"]["steps"] > 1 and result["bench_train"]["preset"] == "cpu"
+    assert "| attn_chunk |" in (tmp_path / "gpu_check.md").read_text()

@@ -303,15 +303,12 @@ class HFVerifier:
         return hook
 
     def check_rollback(self) -> None:
-        from transformers.cache_utils import (
-            DummyLayer,
-            DynamicLayer,
-            DynamicSlidingWindowLayer,
-            LinearAttentionLayer,
-        )
+        from transformers import cache_utils
 
-        # DummyLayer: KV-shared, holds nothing; LinearAttentionLayer: recording (see `forward`)
-        exact = (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer, LinearAttentionLayer)
+        # DummyLayer: KV-shared, holds nothing; LinearAttentionLayer: recording (see `forward`); the last two
+        # are newer than some transformers 5 releases, whose models then have none of them
+        names = ("DynamicLayer", "DynamicSlidingWindowLayer", "DummyLayer", "LinearAttentionLayer")
+        exact = tuple(getattr(cache_utils, n) for n in names if hasattr(cache_utils, n))
         odd = sorted({
             type(la).__name__ for la in self._cache.layers
             if type(la) not in exact and not getattr(la, "exact_rollback", False)  # ours: GrowingLayer
@@ -331,8 +328,20 @@ class HFVerifier:
         kv.layers = [grow() if type(la) is DynamicLayer else la for la in kv.layers]
         # sliding layers keep what a verify appended until the crop that follows it, linear-attention
         # layers their conv inputs and the recurrent states `forward` asks for (see module docstring)
-        self._cache.activate_past_recording(recurrent_states_to_keep=0)
         self._linear = [la for la in kv.layers if isinstance(la, LinearAttentionCacheLayerMixin)]
+        if not self._linear:
+            kv.activate_past_recording()  # the one form older transformers (e.g. 5.17) know too
+        else:
+            try:
+                kv.activate_past_recording(recurrent_states_to_keep=0)
+            except TypeError:
+                import transformers
+
+                raise RuntimeError(
+                    f"transformers {transformers.__version__} cannot keep the recurrent states of "
+                    f"{self.model_name}'s linear-attention layers for an exact rollback; install a newer one "
+                    "(5.25 is tested)"
+                ) from None
         self._pos = 0
         self._since_crop = 0  # positions appended since the last crop: how far a rollback may reach
         self._recorded = 0  # of those, the last ones with a recurrent state each (linear layers)
