@@ -145,8 +145,8 @@ def _hf_peer(verifier: Verifier, cfg: DecodeConfig, **gen_kw: Any) -> PeerRun:
 
 def _mlx_peer(verifier: Verifier, cfg: DecodeConfig, **gen_kw: Any) -> PeerRun:
     """mlx_lm's own loop; with `draft_model` / `num_draft_tokens` its speculative decoding, whose steps and
-    acceptance are counted from the responses' `from_draft` (a step ends at each token not from the draft;
-    the first comes from the prefill)."""
+    acceptance are counted from the responses' `from_draft`: each verify step yields its accepted drafts and
+    one token of its own (its prefill yields none), and a run cut by max_tokens may end inside a step."""
     from mlx_lm import stream_generate
 
     model, tok = verifier.model, verifier.tokenizer  # type: ignore[attr-defined]
@@ -154,17 +154,18 @@ def _mlx_peer(verifier: Verifier, cfg: DecodeConfig, **gen_kw: Any) -> PeerRun:
     def run(ids: list[int]) -> dict[str, Any]:
         probe = verifier.memory_probe()
         probe.reset()
-        tokens, times, own = [], [], 0
+        tokens, times, own, last_drafted = [], [], 0, False
         t0 = time.perf_counter()
         # greedy (no sampler); the last response carries the EOS token or the max_tokens-th token
         for r in stream_generate(model, tok, prompt=ids, max_tokens=cfg.max_new_tokens, **gen_kw):
             times.append(time.perf_counter())
             tokens.append(int(r.token))
             own += not r.from_draft
+            last_drafted = bool(r.from_draft)
         t_end = time.perf_counter()
         rec = _peer_figures(tokens, t0, times, [1] * len(times), t_end)
-        if gen_kw.get("draft_model") is not None and own > 1:
-            rec |= {"n_steps": own - 1, "acceptance_sum": len(tokens) - 1}
+        if gen_kw.get("draft_model") is not None and tokens:
+            rec |= {"n_steps": own + last_drafted, "acceptance_sum": len(tokens)}
         return {**rec, "peak_memory": probe.read()}
 
     return run

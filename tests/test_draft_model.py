@@ -293,5 +293,5 @@ def test_runtime_speculative_peer(folders, rt):
     rec = runners[name](PROMPT)
     ar = generate(v, PROMPT, cfg=DecodeConfig(max_new_tokens=16, block_size=1)).output_tokens
     assert rec["output_tokens"] == ar and len(ar) == 16
-    if rt == "mlx":  # steps counted from mlx_lm's `from_draft`: every draft taken
-        assert rec["acceptance_sum"] / rec["n_steps"] >= 4
+    if rt == "mlx":  # steps counted from mlx_lm's `from_draft`: every draft taken, 16 tokens in 4 steps
+        assert (rec["acceptance_sum"], rec["n_steps"]) == (16, 4)
