@@ -442,3 +442,35 @@ def test_cli_loads_the_verifier_on_the_training_device(
     )
     assert main([*_cli_args(data, tmp_path / "run"), "--device", "cpu:0"]) == 0  # not the default "cpu"
     assert asked == ["cpu:0"]
+
+
+@pytest.mark.hf
+def test_init_layers_copies_verifier_layers(tmp_path):
+    """`--init-layers`: drafter layer j starts as verifier layer ids[j] (its weights, q/k norms at one), the
+    final norm the verifier's, fc reading the features of the target layer below the first copied one."""
+    pytest.importorskip("transformers")
+    import tinymodels
+
+    from specdec.drafting.checkpoint import DFlashConfig
+    from specdec.drafting.dflash import DFlashDraftModel
+    from specdec.train.loop import layers_from_verifier
+    from specdec.verifiers.hf import HFVerifier
+
+    v = HFVerifier(tinymodels.tiny_llama(tmp_path / "llama"))
+    cfg = DFlashConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, vocab_size=320, num_target_layers=4, mask_token_id=0, block_size=4,
+        target_layer_ids=(0, 1, 3), rope_theta=10_000.0,
+    )  # fmt: skip
+    model = DFlashDraftModel(cfg)
+    state = layers_from_verifier(model, v, (2, 3))
+    model.load_state_dict(state)
+    src = v.model.model.layers
+    assert torch.equal(state["layers.0.self_attn.q_proj.weight"], src[2].self_attn.q_proj.weight)
+    assert torch.equal(state["layers.1.mlp.down_proj.weight"], src[3].mlp.down_proj.weight)
+    assert torch.equal(state["layers.1.self_attn.k_norm.weight"], torch.ones(16))
+    assert torch.equal(state["norm.weight"], v.model.model.norm.weight)
+    fc = state["fc.weight"]  # [64, 3 * 64]: the second target layer (1) is the last below layer 2
+    assert torch.equal(fc[:, 64:128], torch.eye(64)) and not fc[:, :64].any() and not fc[:, 128:].any()
+    with pytest.raises(ValueError, match="give 2 ids"):
+        layers_from_verifier(model, v, (3,))

@@ -67,6 +67,11 @@ def add_train_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="checkpoint folder of the same drafter shape to start from (fresh optimizer); one with fewer "
         "layers grows: new layers after its own start as the identity",
     )
+    t.add_argument(
+        "--init-layers", type=_ints,
+        help="or start the drafter's layers as copies of these verifier layers, one per drafter layer, e.g. "
+        "28,29 (a drafter of the verifier's hidden size and layer shape; HF verifier)",
+    )  # fmt: skip
     t.add_argument("--device")
     t.add_argument("--save-every", type=at_least(1))
     t.add_argument("--eval-every", type=at_least(1))
@@ -86,8 +91,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab_size, stages=args.stages, max_sequences=args.max_sequences,
         steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, max_anchors=args.max_anchors,
         attn_chunk=args.attn_chunk, recompute=args.recompute, gamma=args.gamma, kl_weight=args.kl_weight,
-        seed=args.seed, init_from=args.init_from, device=args.device, out_dir=args.out,
-        save_every=args.save_every, eval_every=args.eval_every, holdout=args.holdout,
+        seed=args.seed, init_from=args.init_from, init_layers=args.init_layers, device=args.device,
+        out_dir=args.out, save_every=args.save_every, eval_every=args.eval_every, holdout=args.holdout,
         resume=not args.no_resume, progress=not args.no_progress,
     )  # fmt: skip
     cfg.validate()

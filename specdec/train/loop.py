@@ -93,6 +93,9 @@ class TrainConfig:
     # sequences it is evaluated at step 0); a checkpoint already in out_dir still wins (resume). One with
     # fewer layers grows into this run's depth, computing what it computed (`grow_layers`)
     init_from: str | None = None
+    # or: the drafter's layers start as copies of these verifier decoder layers (one per drafter layer;
+    # `layers_from_verifier`), for a drafter whose hidden size and layer shape are the verifier's
+    init_layers: tuple[int, ...] | None = None
     device: str | None = None  # None: cuda:LOCAL_RANK when available, else cpu
     # bookkeeping
     out_dir: str = "drafter-train"
@@ -127,6 +130,7 @@ class TrainConfig:
             (self.block_size >= 2, f"block_size must be >= 2 (a block of 1 drafts nothing), got "
              f"{self.block_size}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.init_from is None or self.init_layers is None, "give init_from or init_layers, not both"),
             (self.steps is not None or self.epochs > 0, f"epochs must be > 0, got {self.epochs}"),
             (self.gamma is None or self.gamma > 0, f"gamma must be > 0, got {self.gamma}"),
             (self.kl_weight >= 0, f"kl_weight must be >= 0, got {self.kl_weight}"),
@@ -317,6 +321,47 @@ def grow_layers(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, t
     return grown
 
 
+def layers_from_verifier(
+    model: nn.Module, verifier: Verifier, layer_ids: Sequence[int]
+) -> dict[str, torch.Tensor]:
+    """`model`'s weights with drafter layer j a copy of verifier decoder layer `layer_ids[j]` (projections and
+    norms, the shapes must agree), its q_norm / k_norm at one (the verifier's layers have none: the closest
+    to leaving q and k as they are), the final norm the verifier's, and `fc` reading only the features of the
+    target layer just below the first copied one (so the context enters the copied layers about where the
+    verifier's own context would), the rest of `fc` at zero. An HF verifier only (it holds the layers as
+    torch modules)."""
+    src = getattr(getattr(getattr(verifier, "model", None), "model", None), "layers", None)
+    if not isinstance(src, nn.ModuleList):
+        raise ValueError(
+            f"init_layers needs an HF verifier (decoder layers as torch modules), got {verifier.runtime!r}"
+        )
+    cfg = model.cfg
+    if len(layer_ids) != cfg.num_hidden_layers or not all(0 <= i < len(src) for i in layer_ids):
+        raise ValueError(
+            f"init_layers {list(layer_ids)}: give {cfg.num_hidden_layers} ids (one per drafter layer) in "
+            f"0..{len(src) - 1}"
+        )
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for j, i in enumerate(layer_ids):
+        for k, v in src[i].state_dict().items():
+            key = f"layers.{j}.{k}"
+            if key not in state or state[key].shape != v.shape:
+                raise ValueError(
+                    f"init_layers: verifier layer {i}'s {k} {tuple(v.shape)} has no place in the drafter"
+                )
+            state[key] = v.detach().float().clone()
+        for n in ("q_norm", "k_norm"):
+            state[f"layers.{j}.self_attn.{n}.weight"].fill_(1.0)
+    state["norm.weight"] = verifier.model.model.norm.weight.detach().float().clone()
+    below = [t for t, lid in enumerate(cfg.target_layer_ids) if lid < layer_ids[0]]
+    fc = torch.zeros_like(state["fc.weight"])  # [H, K*H]
+    if below:
+        H = cfg.hidden_size
+        fc[:, below[-1] * H : (below[-1] + 1) * H] = torch.eye(H)
+    state["fc.weight"] = fc
+    return state
+
+
 def _check_verifier(verifier: Verifier, stored: dict[str, Any]) -> None:
     mine = {
         "model": verifier.model_name, "vocab_size": verifier.vocab_size,
@@ -451,6 +496,9 @@ class _Run:
                     "at least its layers"
                 )
             self.model.load_state_dict({k: v.to(device=dev, dtype=torch.float32) for k, v in state.items()})
+        elif cfg.init_layers is not None:
+            state = layers_from_verifier(self.model, self.verifier, cfg.init_layers)
+            self.model.load_state_dict({k: v.to(dev) for k, v in state.items()})
         return 0
 
     # ---- the pieces of a step ------------------------------------------------------------------------
@@ -554,7 +602,7 @@ class _Run:
         bar = tqdm(total=self.total, initial=self.start, desc="train", disable=quiet, file=sys.stderr)
         win, t_last = torch.zeros(6, dtype=torch.float64), time.perf_counter()  # stats + weight sums
         try:
-            if self.held and self.start == 0 and cfg.init_from is not None:
+            if self.held and self.start == 0 and (cfg.init_from or cfg.init_layers) is not None:
                 on_main(lambda: write(self.evaluate(0)))  # where the warm start begins
             for step in range(self.start, self.total):
                 st, denom, gnorm, lr = self.step(step)
