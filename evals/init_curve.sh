@@ -5,7 +5,7 @@
 # The bundled shape (2 layers, block 8, draft vocabulary 8192), the bundled corpus, 64 held-out sequences
 # evaluated every EVAL steps (teacher-forced tau and the engine's tau on 4 held-out prompts). Resumable: run
 # it again to continue (checkpoints every 15 steps in WORK_DIR/ARM). Environment: STEPS (default 90), EVAL
-# (default 30), DEVICE.
+# (default 30), DEVICE, PYTHON (default python3).
 set -euo pipefail
 ARM=${1:?usage: bash evals/init_curve.sh random|verifier [WORK_DIR]}
 W=${2:-runs/init-curve}
@@ -14,7 +14,8 @@ case "$ARM" in
   verifier) INIT=(--init-layers 28,29) ;;
   *) echo "error: arm must be random or verifier, got '$ARM'" >&2; exit 2 ;;
 esac
-specdec train --verifier hf --model smollm2-135m --data specdec/bundled/smollm2-135m/corpus --out "$W/$ARM" \
+"${PYTHON:-python3}" -m specdec.cli train --verifier hf --model smollm2-135m \
+  --data specdec/bundled/smollm2-135m/corpus --out "$W/$ARM" \
   --num-layers 2 --block-size 8 --heads 9 --kv-heads 3 --head-dim 64 --intermediate-size 1536 \
   --target-layer-ids 1,7,14,20,27,29 --draft-vocab 8192 --batch-size 8 --max-anchors 96 --attn-chunk 24 \
   --lr 1e-3 --holdout 64 --seed 0 --steps "${STEPS:-90}" --eval-every "${EVAL:-30}" --save-every 15 \
