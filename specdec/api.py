@@ -296,22 +296,26 @@ def load_drafter(
 
         drafter = PromptLookupDrafter(block_size=block_size or LOOKUP_BLOCK_SIZE)
     else:
-        if runtime == "mlx":
-            from specdec.drafting.dflash_mlx import MLXDFlashDrafter
-
-            name = str(torch_dtype(dtype)).removeprefix("torch.")  # "bf16" -> "bfloat16"
-            drafter = MLXDFlashDrafter.from_pretrained(path, dtype=name, policy=policy)
-        else:
-            from specdec.drafting.dflash import DFlashDrafter
-
-            drafter = DFlashDrafter.from_pretrained(
-                path, device=device, dtype=torch_dtype(dtype), policy=policy
-            )
-        if spec.startswith("bundled:"):
-            drafter.name = f"{spec.removeprefix('bundled:')}-dflash"
-        elif str(path) != spec:
-            drafter.name = spec  # a hub repo id names the drafter, not its cache folder
+        drafter = _dflash_drafter(spec, path, runtime=runtime, device=device, dtype=dtype, policy=policy)
     drafter.bind(verifier)
+    return drafter
+
+
+def _dflash_drafter(spec: str, path: Path, *, runtime: str, device: str, dtype: str, policy: Any) -> Drafter:
+    """The DFlash checkpoint at `path` in drafter runtime `runtime`, named as `spec` names it."""
+    if runtime == "mlx":
+        from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+
+        name = str(torch_dtype(dtype)).removeprefix("torch.")  # "bf16" -> "bfloat16"
+        drafter: Drafter = MLXDFlashDrafter.from_pretrained(path, dtype=name, policy=policy)
+    else:
+        from specdec.drafting.dflash import DFlashDrafter
+
+        drafter = DFlashDrafter.from_pretrained(path, device=device, dtype=torch_dtype(dtype), policy=policy)
+    if spec.startswith("bundled:"):
+        drafter.name = f"{spec.removeprefix('bundled:')}-dflash"
+    elif str(path) != spec:
+        drafter.name = spec  # a hub repo id names the drafter, not its cache folder
     return drafter
 
 

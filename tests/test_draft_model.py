@@ -47,6 +47,8 @@ def test_stub_draft_models_exact_and_self_draft_accepts_all():
     other.bind(v)
     assert run(v, other).output_tokens == ar
     assert other.restarts == 0  # every rejected draft rolled back exactly
+    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
+    assert run(v, other, sampling=match).output_tokens == run(v, sampling=match).output_tokens
     same = ModelDrafter(StubVerifier(), block_size=5)
     same.bind(v)
     res = run(v, same)
@@ -173,6 +175,8 @@ def test_draft_models_on_real_runtimes(folders, rt, arch):
     assert isinstance(other, ModelDrafter) and other.draft.runtime == rt
     assert run(v, other).output_tokens == ar
     assert other.restarts == 0  # every rejected draft rolled back exactly
+    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
+    assert run(v, other, sampling=match).output_tokens == run(v, sampling=match).output_tokens
     same = load_drafter(f"model:{folders[arch, 0]}", verifier=v, block_size=5, runtime=runtime)
     res = run(v, same)
     assert res.output_tokens == ar and all(t == 5 for t in taus(res)[:-1]), taus(res)
