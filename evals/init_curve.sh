@@ -2,17 +2,20 @@
 # Learning curves of the SmolLM2 DFlash drafter from two starts, same data, seed and steps (docs/training.md):
 #   bash evals/init_curve.sh random  [WORK_DIR]   # the current start: random layers
 #   bash evals/init_curve.sh verifier [WORK_DIR]  # layers copied from SmolLM2's own layers 28, 29 (--init-layers)
+#   bash evals/init_curve.sh copy [WORK_DIR]      # random start, 4x loss weight where the answer repeats earlier
+#                                                 # text (--repeat-weight 4: what prompt lookup would draft)
 # The bundled shape (2 layers, block 8, draft vocabulary 8192), the bundled corpus, 64 held-out sequences
 # evaluated every EVAL steps (teacher-forced tau and the engine's tau on 4 held-out prompts). Resumable: run
 # it again to continue (checkpoints every 15 steps in WORK_DIR/ARM). Environment: STEPS (default 90), EVAL
 # (default 30), DEVICE, PYTHON (default python3).
 set -euo pipefail
-ARM=${1:?usage: bash evals/init_curve.sh random|verifier [WORK_DIR]}
+ARM=${1:?usage: bash evals/init_curve.sh random|verifier|copy [WORK_DIR]}
 W=${2:-runs/init-curve}
 case "$ARM" in
   random) INIT=() ;;
   verifier) INIT=(--init-layers 28,29) ;;
-  *) echo "error: arm must be random or verifier, got '$ARM'" >&2; exit 2 ;;
+  copy) INIT=(--repeat-weight 4) ;;
+  *) echo "error: arm must be random, verifier or copy, got '$ARM'" >&2; exit 2 ;;
 esac
 "${PYTHON:-python3}" -m specdec.cli train --verifier hf --model smollm2-135m \
   --data specdec/bundled/smollm2-135m/corpus --out "$W/$ARM" \

@@ -156,6 +156,14 @@ def test_chunked_equals_unchunked_and_train_logits(stub, data: Path) -> None:
     nll = F.cross_entropy(logits[:, :, 1:].flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
     w = batch.valid[:, :, None] * position_weights(8, default_gamma(8))
     torch.testing.assert_close(l_all, (nll * w).sum() / w.sum(), rtol=1e-5, atol=1e-6)
+    # repeat_weight: positions whose token repeats earlier text weigh that much more (chunked or not)
+    from specdec.train.loss import repeats
+
+    w3 = w * (1 + 2 * torch.gather(repeats(batch.ids).float(), 1, tpos.flatten(1)).view_as(tpos))
+    r3 = block_loss(model, batch, embed_fn, head_fn, gamma=default_gamma(8), attn_chunk=5, repeat_weight=3.0)
+    assert (w3 > w).any()  # the stub's answers repeat themselves somewhere
+    assert r3["weight_sum"] == r_all["weight_sum"]  # the same normaliser: repeats weigh more in the sum
+    torch.testing.assert_close(r3["loss_sum"], (nll * w3).sum(), rtol=1e-5, atol=1e-5)
 
 
 def test_position_weights_and_gamma() -> None:
@@ -474,3 +482,12 @@ def test_init_layers_copies_verifier_layers(tmp_path):
     assert torch.equal(fc[:, 64:128], torch.eye(64)) and not fc[:, :64].any() and not fc[:, 128:].any()
     with pytest.raises(ValueError, match="give 2 ids"):
         layers_from_verifier(model, v, (3,))
+
+
+def test_repeats_marks_what_lookup_would_draft():
+    from specdec.train.loss import repeats
+
+    ids = torch.tensor([[1, 2, 3, 4, 9, 1, 2, 3, 4, 1, 2, 3, 5]])
+    # after the second "1 2 3" comes 4 as after the first (repeat); after the third comes 5, not 4 (no repeat)
+    assert repeats(ids)[0].nonzero().flatten().tolist() == [8]
+    assert not repeats(torch.tensor([[7, 7, 7]])).any()  # nothing before the first n tokens

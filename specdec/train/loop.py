@@ -85,6 +85,9 @@ class TrainConfig:
     recompute: bool | None = None
     gamma: float | None = None  # None: default_gamma(block_size)
     kl_weight: float = 0.0
+    repeat_weight: float = (
+        1.0  # loss weight of block positions whose token repeats earlier text (loss.repeats)
+    )
     kl_topk: int = 16  # soft labels: the verifier's top-k next tokens (with kl_weight > 0)
     grad_clip: float = 1.0
     seed: int = 0
@@ -130,6 +133,7 @@ class TrainConfig:
             (self.block_size >= 2, f"block_size must be >= 2 (a block of 1 drafts nothing), got "
              f"{self.block_size}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.repeat_weight > 0, f"repeat_weight must be > 0, got {self.repeat_weight}"),
             (self.init_from is None or self.init_layers is None, "give init_from or init_layers, not both"),
             (self.steps is not None or self.epochs > 0, f"epochs must be > 0, got {self.epochs}"),
             (self.gamma is None or self.gamma > 0, f"gamma must be > 0, got {self.gamma}"),
@@ -272,7 +276,7 @@ class _Loss(nn.Module):
     def forward(self, batch: Any, kl_weight: float) -> dict[str, torch.Tensor]:
         return block_loss(
             self.model, batch, self.embed_fn, self.head_fn, gamma=self.gamma, attn_chunk=self.cfg.attn_chunk,
-            kl_weight=kl_weight, checkpoint=self.recompute,
+            kl_weight=kl_weight, checkpoint=self.recompute, repeat_weight=self.cfg.repeat_weight,
         )  # fmt: skip
 
 

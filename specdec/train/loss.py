@@ -18,7 +18,7 @@ import torch
 from specdec.protocols import EmbedFn, LMHeadFn
 from specdec.train.data import Batch
 
-__all__ = ["block_loss", "default_gamma", "position_weights"]
+__all__ = ["block_loss", "default_gamma", "position_weights", "repeats"]
 
 
 def default_gamma(block_size: int) -> float:
@@ -30,6 +30,19 @@ def position_weights(block_size: int, gamma: float, device: torch.device | None 
     """[bs-1] loss weights exp(-(k-1)/gamma) of block positions k = 1..bs-1."""
     k = torch.arange(1, block_size, dtype=torch.float32, device=device)
     return torch.exp(-(k - 1) / gamma)
+
+
+def repeats(ids: torch.Tensor, n: int = 3) -> torch.Tensor:
+    """ids [B, T] -> [B, T] bool: where the token repeats earlier text, i.e. the n tokens before it occurred
+    earlier in the sequence and were followed by this same token there (what prompt lookup would draft)."""
+    out = torch.zeros(ids.shape, dtype=torch.bool)
+    for b, seq in enumerate(ids.tolist()):
+        after: dict[tuple[int, ...], int] = {}  # n-gram -> the token that followed its latest occurrence
+        for t in range(n, len(seq)):
+            key = tuple(seq[t - n : t])
+            out[b, t] = after.get(key) == seq[t]
+            after[key] = seq[t]
+    return out.to(ids.device)
 
 
 def _head_rows(lm_head_fn: LMHeadFn, h: torch.Tensor) -> torch.Tensor:
@@ -48,10 +61,12 @@ def block_loss(
     attn_chunk: int | None = None,
     kl_weight: float = 0.0,
     checkpoint: bool = True,
+    repeat_weight: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """The weighted loss SUM and detached statistics of one batch: {"loss_sum", "weight_sum", "correct",
     "count", "accept_sum", "n_anchors"}: top-1 `correct` of `count` supervised positions, `accept_sum`
-    the sum over anchors of 1 + the leading run of correct positions (teacher-forced acceptance length)."""
+    the sum over anchors of 1 + the leading run of correct positions (teacher-forced acceptance length).
+    `repeat_weight` multiplies the loss weight of positions whose token repeats earlier text (`repeats`)."""
     cfg = model.cfg
     bs, dev, mask_id = cfg.block_size, batch.ids.device, cfg.mask_token_id
     T, A = batch.ids.shape[1], batch.anchors.shape[1]
@@ -66,6 +81,8 @@ def block_loss(
     ctx = model.project(batch.features.to(model.dtype))  # [B, T, H]
     ctx_kv = model.context_kv(ctx, torch.arange(T, device=dev)[None])  # per layer [B, nkv, T, D]
     flat_kv = [t for pair in ctx_kv for t in pair]
+    # [B, T] loss weight of each position's token: repeat_weight where it repeats earlier text
+    tok_w = 1.0 + (repeat_weight - 1.0) * repeats(batch.ids).float() if repeat_weight != 1.0 else None
 
     def run(anc: torch.Tensor, valid: torch.Tensor, *kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         blk = torch.full((*anc.shape, bs), mask_id, dtype=batch.ids.dtype, device=dev)
@@ -81,6 +98,8 @@ def block_loss(
             labels = labels.clamp(min=0)
         logp = torch.log_softmax(logits, -1)
         w = known.float() * posw  # [B, C, bs-1]
+        if tok_w is not None:
+            w = w * torch.gather(tok_w, 1, tpos.flatten(1)).view_as(tpos)
         loss = (-logp.gather(-1, labels[..., None]).squeeze(-1) * w).sum()
         if kl_weight > 0:
             loss = loss + kl_weight * (_kl(batch, tpos, logp) * w).sum()
