@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.policy import Draft, DraftPolicy
+from specdec.drafting.policy import Draft, DraftPolicy, running_cut
 from specdec.engine import common_prefix_len
 from specdec.protocols import MemoryProbe, RollbackError, Verifier
 from specdec.sampling import sample_from
@@ -192,12 +192,10 @@ class ModelDrafter:
             chances.append(float(c))
             return [int(t)]
 
-        threshold = self.policy.min_confidence if self.policy.costs is None else 0.0
-        run = [1.0]
+        threshold = self.policy.threshold("model")
 
-        def stop(i: int) -> bool:  # a running chance below the cut: the next token would be dropped anyway
-            run[0] *= chances[i]
-            return threshold > 0 and run[0] < threshold
+        def stop(i: int) -> bool:  # token i is where the policy cuts: no forward for what it would drop
+            return threshold > 0 and running_cut(chances, threshold) <= i
 
         tokens = self._walk(last_token, n, pick, stop)
         return self.policy.cut(Draft(tokens, "model", chances[: len(tokens)])).tokens
@@ -273,13 +271,14 @@ def load_draft_model(
         from specdec.models import resolve_model
 
         path = resolve_model(name)
+        tok = None
         if isinstance(path, Path):  # a local folder: its tokenizer is checked before the weights load
             from specdec.verifiers.hf import HFVerifier
 
+            tok = HFVerifier.load_tokenizer(path)
             why = tokenizer_mismatch(
-                HFVerifier.load_tokenizer(path), verifier.tokenizer, draft_name=path.name,
-                target_name=verifier.model_name,
-            )  # fmt: skip
+                tok, verifier.tokenizer, draft_name=path.name, target_name=verifier.model_name
+            )
             if why:
                 raise ValueError(why)
         if runtime == "mlx":
@@ -289,7 +288,8 @@ def load_draft_model(
         else:
             from specdec.verifiers.hf import HFVerifier
 
-            draft = HFVerifier(path, dtype=getattr(torch, dtype), device=device)
+            # the tokenizer checked above, not loaded a second time (None: HFVerifier loads its own)
+            draft = HFVerifier(path, dtype=getattr(torch, dtype), device=device, tokenizer=tok)
         return ModelDrafter(draft, block_size=block_size, policy=policy, name=label, path=str(path))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise ValueError(f"drafter {label!r}: {e}") from None

@@ -116,9 +116,10 @@ class DraftPolicy:
 
     def needs_confidence(self, source: str) -> bool:
         """Whether `cut` reads the confidence of a draft of `source` (a proposer may skip computing it)."""
-        return self.costs is not None or self._threshold(source) > 0
+        return self.costs is not None or self.threshold(source) > 0
 
-    def _threshold(self, source: str) -> float:
+    def threshold(self, source: str) -> float:
+        """The running chance below which a draft of `source` is cut (0: not cut by chance)."""
         model = self.min_confidence  # a model drafter's: DFlash's blocks, a draft model's chains
         return {"dflash": model, "model": model, "corpus": self.corpus_cut}.get(source, 0.0)
 
@@ -135,7 +136,7 @@ class DraftPolicy:
             probs = self.acceptance(draft)
             probs = calibration.scale(draft.source, probs) if calibration else probs
             return draft[: self.costs.best_length(probs)]
-        threshold = self._threshold(draft.source)
+        threshold = self.threshold(draft.source)
         return draft[: running_cut(draft.confidence, threshold)] if threshold > 0 else draft
 
     def choose(self, lookup: Draft, corpus: Draft, calibration: Calibration) -> Draft | None:

@@ -85,9 +85,8 @@ class TrainConfig:
     recompute: bool | None = None
     gamma: float | None = None  # None: default_gamma(block_size)
     kl_weight: float = 0.0
-    repeat_weight: float = (
-        1.0  # loss weight of block positions whose token repeats earlier text (loss.repeats)
-    )
+    # loss weight of block positions whose token repeats earlier text (`loss.repeats`); 1: none
+    repeat_weight: float = 1.0
     kl_topk: int = 16  # soft labels: the verifier's top-k next tokens (with kl_weight > 0)
     grad_clip: float = 1.0
     seed: int = 0
