@@ -53,6 +53,16 @@ def runtime_generate(model: torch.nn.Module, prompt: list[int], n: int) -> list[
     return out[0, len(prompt) :].tolist()
 
 
+def mlx_lm_greedy(v, prompt: list[int], n: int) -> list[int]:
+    """mlx_lm's own greedy loop (`generate_step`, its own caches: RotatingKVCache on Gemma's sliding layers)
+    over MLXVerifier `v`'s model, `n` new tokens."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    gen = generate_step(mx.array(prompt), v.model, max_tokens=n, sampler=lambda lp: mx.argmax(lp, axis=-1))
+    return [int(t) for t, _ in gen]
+
+
 def assert_same_text_up_to_ties(ours: list[int], theirs: list[int], model: torch.nn.Module, prompt: list[int],
                                 *, tie: float) -> int:  # fmt: skip
     """Our greedy tokens equal the runtime's `generate`, or they part where the runtime's own logits have

@@ -125,6 +125,7 @@ def test_stub_refusals():
 # ---- real runtimes: tiny random models of the real architectures -------------------------------------------
 
 transformers = pytest.importorskip("transformers")
+import parity  # noqa: E402
 import tinymodels  # noqa: E402
 
 from specdec.verifiers.hf import HFVerifier  # noqa: E402
@@ -170,6 +171,9 @@ def test_draft_models_on_real_runtimes(folders, rt, arch):
     drafter loads by spec through the API; a multi-turn session equals fresh runs."""
     v = _load(rt, folders[arch, 0])
     ar = run(v).output_tokens
+    # the reference: the runtime's own greedy generation (fp32, 32 tokens, no stop token)
+    own = parity.runtime_generate(v.model, PROMPT, 32) if rt == "hf" else parity.mlx_lm_greedy(v, PROMPT, 32)
+    assert ar == own
     runtime = "mlx" if rt == "mlx" else "torch"
     other = load_drafter(f"model:{folders[arch, 1]}", verifier=v, block_size=5, runtime=runtime)
     assert isinstance(other, ModelDrafter) and other.draft.runtime == rt

@@ -20,8 +20,8 @@ mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 transformers = pytest.importorskip("transformers")
 
+import parity  # noqa: E402
 import tinymodels  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
 
 from specdec.bridges.mlx import text_model  # noqa: E402
 from specdec.drafting.checkpoint import save_checkpoint  # noqa: E402
@@ -59,25 +59,15 @@ def verifiers(paths) -> dict[tuple[str, str], HFVerifier | MLXVerifier]:
     return out
 
 
-def hf_generate(v: HFVerifier, prompt: list[int], n: int) -> list[int]:
-    out = v.model.generate(
-        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0,
-    )  # fmt: skip
-    return out[0, len(prompt) :].tolist()
-
-
-def mlx_lm_greedy(v: MLXVerifier, prompt: list[int], n: int) -> list[int]:
-    """mlx_lm's own loop, with its own caches (RotatingKVCache on Gemma's sliding layers)."""
-    gen = generate_step(mx.array(prompt), v.model, max_tokens=n, sampler=lambda lp: mx.argmax(lp, axis=-1))
-    return [int(t) for t, _ in gen]
-
-
 @pytest.fixture(scope="module")
 def refs(verifiers) -> dict[tuple[str, str], list[int]]:
     out = {}
     for (rt, fam), v in verifiers.items():
-        out[rt, fam] = hf_generate(v, PROMPT, N_NEW) if rt == "hf" else mlx_lm_greedy(v, PROMPT, N_NEW)
+        out[rt, fam] = (
+            parity.runtime_generate(v.model, PROMPT, N_NEW)
+            if rt == "hf"
+            else parity.mlx_lm_greedy(v, PROMPT, N_NEW)
+        )
         assert len(out[rt, fam]) == N_NEW
     return out
 
@@ -231,7 +221,7 @@ def test_mlx_bf16_is_mlx_lms_own_bf16(paths, tmp_path, fam):
     path = paths.get(fam) or getattr(tinymodels, f"tiny_{fam}")(tmp_path / fam)
     v = MLXVerifier(path, dtype="bfloat16")
     try:
-        ref = mlx_lm_greedy(v, PROMPT, N_NEW)
+        ref = parity.mlx_lm_greedy(v, PROMPT, N_NEW)
     except RuntimeError as e:
         if "only supports float32" not in str(e):
             raise
@@ -405,7 +395,7 @@ def test_gemma4_kv_sharing_without_per_layer_inputs(tmp_path):
             hv.model(torch.tensor([PROMPT]))
     except TypeError as e:  # the bug, in the versions that have it
         assert "NoneType" in str(e)
-    ref = mlx_lm_greedy(mv, PROMPT, 16)
+    ref = parity.mlx_lm_greedy(mv, PROMPT, 16)
     assert greedy_reference(hv, PROMPT, 16) == ref
     for v in (hv, mv):
         drafter = ScriptedDrafter(PROMPT + ref, wrong_at={PLEN + 3}, vocab=320, block_size=6,

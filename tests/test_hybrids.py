@@ -26,7 +26,6 @@ transformers = pytest.importorskip("transformers")
 
 import parity  # noqa: E402
 import tinymodels  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
 
 from specdec.drafting.checkpoint import save_checkpoint  # noqa: E402
 from specdec.drafting.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel  # noqa: E402
@@ -69,18 +68,13 @@ def verifiers(paths) -> dict[tuple[str, str], HFVerifier | MLXVerifier]:
     }
 
 
-def mlx_lm_greedy(v: MLXVerifier, prompt: list[int], n: int) -> list[int]:
-    gen = generate_step(mx.array(prompt), v.model, max_tokens=n, sampler=lambda lp: mx.argmax(lp, axis=-1))
-    return [int(t) for t, _ in gen]
-
-
 @pytest.fixture(scope="module")
 def refs(verifiers) -> dict[tuple[str, str], list[int]]:
     """Each runtime's own greedy continuation of PROMPT."""
     return {
         (rt, a): parity.runtime_generate(v.model, PROMPT, N_NEW)
         if rt == "hf"
-        else mlx_lm_greedy(v, PROMPT, N_NEW)
+        else parity.mlx_lm_greedy(v, PROMPT, N_NEW)
         for (rt, a), v in verifiers.items()
     }
 

@@ -18,8 +18,8 @@ mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 pytest.importorskip("transformers")  # tinymodels builds the folders with transformers
 
+import parity  # noqa: E402
 import tinymodels  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_cache  # noqa: E402
 
 from specdec.engine import DecodeConfig, generate  # noqa: E402
@@ -55,17 +55,11 @@ def verifiers(paths) -> dict[str, MLXVerifier]:
     return {k: MLXVerifier(p) for k, p in paths.items()}
 
 
-def mlx_lm_greedy(v: MLXVerifier, prompt: list[int], n: int) -> list[int]:
-    """mlx_lm's own generation loop (its caches: RotatingKVCache on Gemma's sliding layers)."""
-    gen = generate_step(mx.array(prompt), v.model, max_tokens=n, sampler=lambda lp: mx.argmax(lp, axis=-1))
-    return [int(t) for t, _ in gen]
-
-
 @pytest.fixture(scope="module")
 def refs(verifiers) -> dict[str, list[int]]:
     out = {}
     for k, v in verifiers.items():
-        own = mlx_lm_greedy(v, PROMPT, N_NEW)
+        own = parity.mlx_lm_greedy(v, PROMPT, N_NEW)
         slow = greedy_reference(v, PROMPT, N_NEW)
         assert own == slow, f"{k}: mlx_lm generate_step and the full-recompute reference disagree"
         out[k] = own
@@ -386,7 +380,7 @@ def test_quantized_model(quantized_path):
 
     v = MLXVerifier(quantized_path)
     assert isinstance(v.model.model.embed_tokens, nn.QuantizedEmbedding)
-    ref = mlx_lm_greedy(v, PROMPT, 24)
+    ref = parity.mlx_lm_greedy(v, PROMPT, 24)
     assert greedy_reference(v, PROMPT, 24) == ref
     drafter = ScriptedDrafter(PROMPT + ref, wrong_at={PLEN + 3, PLEN + 9}, vocab=v.vocab_size, block_size=6,
                               target_layer_ids=(1, 3), hidden_size=v.hidden_size)  # fmt: skip
@@ -437,7 +431,7 @@ def test_real_model_speculative_equals_mlx_lm(short, tmp_path):
     v = MLXVerifier(path)
     assert v.tokenizer is not None and v.eos_token_ids
     prompt = v.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 5)  # Gemma: past 32
-    ref = mlx_lm_greedy(v, prompt, 48)
+    ref = parity.mlx_lm_greedy(v, prompt, 48)
     drafter = ScriptedDrafter(prompt + ref, wrong_at={len(prompt) + i for i in (2, 9, 10, 30)},
                               vocab=v.vocab_size, block_size=8, target_layer_ids=(1, v.num_layers - 1),
                               hidden_size=v.hidden_size)  # fmt: skip
