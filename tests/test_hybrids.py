@@ -531,3 +531,19 @@ def test_other_recurrent_layers_are_refused_with_the_reason(tmp_path, capsys):
     with pytest.raises(RuntimeError, match=r"cache types \['ArraysCache'\] for its layer types \['conv'\]"):
         generate(mv, PROMPT[:8], drafter=PromptLookupDrafter(block_size=4),
                  cfg=DecodeConfig(max_new_tokens=4, block_size=4))  # fmt: skip
+
+
+def test_hf_refuses_a_transformers_without_linear_attention_recording(paths, monkeypatch):
+    """A transformers release whose cache cannot keep linear-attention states (e.g. 5.17: no
+    `recurrent_states_to_keep`) gets one line naming its version, never a TypeError from inside."""
+    from transformers import DynamicCache
+
+    def old(self):  # the 5.17 signature: no keyword arguments
+        for la in self.layers:
+            if hasattr(la, "activate_past_recording"):
+                la.activate_past_recording()
+
+    monkeypatch.setattr(DynamicCache, "activate_past_recording", old)
+    with pytest.raises(RuntimeError, match=r"^transformers \S+ cannot keep the recurrent states") as e:
+        HFVerifier(paths["qwen3_next"])
+    assert "\n" not in str(e.value)

@@ -491,3 +491,22 @@ def test_repeats_marks_what_lookup_would_draft():
     # after the second "1 2 3" comes 4 as after the first (repeat); after the third comes 5, not 4 (no repeat)
     assert repeats(ids)[0].nonzero().flatten().tolist() == [8]
     assert not repeats(torch.tensor([[7, 7, 7]])).any()  # nothing before the first n tokens
+
+
+def test_new_train_options_are_checked(tmp_path):
+    """`repeat_weight` and `init_layers` are refused in the one-line TrainConfig error before any work."""
+    with pytest.raises(ValueError, match=r"^invalid TrainConfig: repeat_weight must be > 0, got 0"):
+        tiny(tmp_path, repeat_weight=0.0).validate()
+    with pytest.raises(ValueError, match="give init_from or init_layers, not both"):
+        tiny(tmp_path, init_from="x", init_layers=(0,)).validate()
+    from specdec.drafting.checkpoint import DFlashConfig
+    from specdec.drafting.dflash import DFlashDraftModel
+    from specdec.train.loop import layers_from_verifier
+
+    cfg = DFlashConfig(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, vocab_size=259, num_target_layers=4, mask_token_id=258, block_size=4,
+        target_layer_ids=(0,), rope_theta=10_000.0,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"init_layers needs an HF verifier .* got 'stub'"):
+        layers_from_verifier(DFlashDraftModel(cfg), StubVerifier(), (1,))
