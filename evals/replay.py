@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from specdec.args import Parser, add_max_new_tokens, add_verifier_args, at_least, finite, run_main
-from specdec.costs import VerifyCosts, measure_costs
+from specdec.costs import VerifyCosts, measure_costs, measure_tree_costs
 from specdec.drafting.dflash import DFlashDrafter
 from specdec.drafting.lookup import LOOKUP_ACCEPT, Chances, lookup_accept
 from specdec.drafting.mix import LookupFirstDrafter
@@ -40,6 +40,7 @@ from specdec.drafting.ngrams import CorpusNgrams, chances_of, check_corpus, load
 from specdec.drafting.policy import Calibration, Draft, DraftPolicy
 from specdec.engine import DecodeConfig, common_prefix_len
 from specdec.protocols import Verifier
+from specdec.tree import TREE_TOPK, Tree, TreeBudget, best_first_of
 
 __all__ = [
     "Position",
@@ -49,6 +50,7 @@ __all__ = [
     "measure_costs",
     "record",
     "replay",
+    "replay_tree",
 ]
 
 
@@ -62,6 +64,9 @@ class Position:
     corpus: tuple[int, ...] = ()  # corpus n-grams' greedy chain (`--corpus`), () without
     corpus_share: tuple[float, ...] = ()  # the share of each of its tokens after its context
     lookup_ngram: int = 0  # the length of the n-gram prompt lookup matched; 0 where it has nothing
+    # the drafter's TREE_TOPK best candidates at each block position and their log-probabilities (trees)
+    candidates: tuple[tuple[int, ...], ...] = ()
+    candidate_logp: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass
@@ -104,14 +109,18 @@ def record(
         logits = proposer.block_logits(output[i], drafter.block_size - 1)  # [bs-1, K]
         top, best = logits.float().softmax(dim=-1).max(dim=-1)  # [bs-1], [bs-1]
         ids = proposer.rows[best] if proposer.rows is not None else best
+        cand = logits.float().log_softmax(-1).topk(min(TREE_TOPK, logits.shape[-1]), dim=-1)  # [bs-1, k]
+        cand_ids = proposer.rows[cand.indices] if proposer.rows is not None else cand.indices
         lk, g = lookup.match(output[i], block_size - 1)
         end = P + i + 1  # the committed tokens up to output[i]; the chain reads their last max_order
         chain = corpus.chain(seq[max(0, end - corpus.max_order) : end], block_size - 1) if corpus else []
         trace.positions.append(
             Position(
-                tuple(ids.tolist()), tuple(top.tolist()), tuple(lk), *map(tuple, zip(*chain)), lookup_ngram=g
+                tuple(ids.tolist()), tuple(top.tolist()), tuple(lk), *map(tuple, zip(*chain)), lookup_ngram=g,
+                candidates=tuple(map(tuple, cand_ids.tolist())),
+                candidate_logp=tuple(map(tuple, cand.values.tolist())),
             )
-        )
+        )  # fmt: skip
         drafter.extend(feats[P + i : P + i + 1], [output[i]])
         lookup.extend(feats[:0], [output[i]])
     return trace
@@ -146,6 +155,8 @@ class ReplayResult:
     est_speedup: float | None  # AR time / replayed time, from the cost table; None without one
     corpus: float | None = None  # the cut of corpus n-gram drafts, tried after lookup; None: not used
     by_cost: bool = False  # `--min-confidence auto`: every draft cut by verify costs (`replay(cut_by=)`)
+    tree: int | None = None  # `--tree N`: trees of up to N nodes (`replay_tree`); None: chains
+    tree_nodes_mean: float | None = None  # nodes a tree step verified, on average
 
 
 def _step_draft(
@@ -241,6 +252,56 @@ def replay(
     )  # fmt: skip
 
 
+def replay_tree(
+    traces: Sequence[Trace],
+    *,
+    nodes: int,
+    lookup: bool = True,
+    block_size: int = 16,
+    max_new_tokens: int | None = None,
+    costs: Mapping[int, float] | None = None,
+    draft_s: float = 0.0,
+) -> ReplayResult:
+    """Walk each trace as the engine does with `--tree nodes` (the DFlash drafter's `best_first` tree;
+    with `lookup`, `LookupFirstDrafter.propose_tree`: lookup's draft as a branch of its own, the DFlash
+    tree in the rest of the budget). A step is charged `costs[len(tree)]` (seconds of a tree verify of
+    that many nodes, interpolated: `measure_tree_costs`) plus the drafter's time, which every tree step
+    spends."""
+    sizes = sorted(costs) if costs else []
+
+    def cost(b: int) -> float:
+        return float(np.interp(b, sizes, [costs[s] for s in sizes]))
+
+    steps = accepted_plus_one = tokens = n_nodes = tree_steps = 0
+    spent = ar = 0.0
+    for tr in traces:
+        out, i = tr.output, 0
+        limit = max_new_tokens or len(out)
+        while i < len(out) - 1:
+            pos = tr.positions[i]
+            k = min(block_size - 1, limit - (i + 1) - 1)
+            tree = Tree([out[i]], [-1])
+            if k > 0:
+                branch = list(pos.lookup[: min(k, nodes - 1)]) if lookup else []
+                depth = min(k, len(pos.candidates))
+                rest = TreeBudget(nodes - len(branch))
+                tree = best_first_of(out[i], pos.candidate_logp[:depth], pos.candidates[:depth], rest)
+                tree = tree.with_branch(branch)
+                n_nodes, tree_steps = n_nodes + len(tree), tree_steps + 1
+            a = len(tree.accept_along(out[i + 1 :])) - 1
+            steps, accepted_plus_one = steps + 1, accepted_plus_one + a + 1
+            if costs:
+                spent += cost(len(tree)) + (draft_s if k > 0 else 0.0)
+            i += a + 1
+        tokens += len(out) - 1
+        ar += (len(out) - 1) * cost(1) if costs else 0.0
+    return ReplayResult(
+        0.0, lookup, True, accepted_plus_one / max(steps, 1), steps, tokens,
+        ar / spent if costs and spent else None, tree=nodes,
+        tree_nodes_mean=n_nodes / tree_steps if tree_steps else None,
+    )  # fmt: skip
+
+
 def first_draft_agreement(traces: Sequence[Trace]) -> dict[str, float]:
     """How often the first draft is the verifier's next token, over every position of `traces`: DFlash's
     (it always drafts), and prompt lookup's where it proposes (`lookup_coverage` of the positions). A
@@ -283,6 +344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "corpus` folder, e.g. specdec/bundled/smollm2-135m/corpus) where lookup has nothing (a study)",
     )  # fmt: skip
     p.add_argument("--corpus-cut", type=finite(0, 1), nargs="+", default=[0.2, 0.4], help="their cuts")
+    p.add_argument(
+        "--tree", type=at_least(2), nargs="*", default=[],
+        help="also replay trees of up to these many nodes (`--tree N`), alone and +lookup, charged tree "
+        "verify costs measured here",
+    )  # fmt: skip
     p.add_argument("--out", help="write traces' figures and the cost table here (JSON)")
     p.set_defaults(func=_run)
     return run_main(p, argv)
@@ -336,6 +402,12 @@ def _run(args: argparse.Namespace) -> int:
     ctx = int(statistics.mean(len(t.output) for t in traces[0])) + 150
     costs, _ = measure_costs(verifier, None, context=ctx)  # one verify table: drafters differ in draft_s only
     print("verify ms by tokens:", {b: round(c * 1e3, 1) for b, c in costs.items()})
+    tree_costs = None
+    if args.tree:  # a tree of N nodes against a chain of N tokens, same context, interleaved
+        sizes = sorted({1, 2, *args.tree})
+        chain_s, tree_costs = measure_tree_costs(verifier, context=ctx, sizes=sizes)
+        print("chain vs tree verify ms:", {n: (round(chain_s[n] * 1e3, 1), round(tree_costs[n] * 1e3, 1))
+                                           for n in sizes})  # fmt: skip
     report = []
     print(f"{'drafter':40s} {'policy':16s} {'tau':>6s} {'est speedup':>12s}")
     for (name, d, bs), tr in zip(drafters, traces):
@@ -352,8 +424,15 @@ def _run(args: argparse.Namespace) -> int:
             ]
         auto = VerifyCosts.from_seconds(costs, source="measured")
         rows.append(run(min_confidence=0.0, cut_by=auto, lookup_chances=chances_of(corpus)))
+        rows += [
+            replay_tree(tr, nodes=n, lookup=lk, block_size=bs, max_new_tokens=args.max_new_tokens,
+                        costs=tree_costs, draft_s=draft_s)
+            for n in args.tree for lk in (False, True)
+        ]  # fmt: skip
         for r in rows:
-            if r.by_cost:
+            if r.tree is not None:
+                policy = f"tree {r.tree}{' +lookup' if r.lookup else ''} ({r.tree_nodes_mean:.1f} nodes)"
+            elif r.by_cost:
                 policy = "+lookup" + (" +corpus" if corpus else "") + " cut by cost (auto)"
             elif r.corpus is not None:
                 policy = f"+lookup +corpus P={r.corpus:g}" + (
@@ -376,7 +455,7 @@ def _run(args: argparse.Namespace) -> int:
             "results": [asdict(r) for r in rows],
         })  # fmt: skip
     if args.out:
-        atomic_write_json(args.out, {"costs_s": costs, "drafters": report})
+        atomic_write_json(args.out, {"costs_s": costs, "tree_costs_s": tree_costs, "drafters": report})
     return 0
 
 

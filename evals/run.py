@@ -16,7 +16,9 @@ decoded to text), measured like any other prompt; HumanEval has one turn and is 
 Peers, same process, same clock, run right after our two runs of each prompt:
 - runtime hf: `hf-generate` (plain greedy `model.generate`) and `hf-prompt-lookup` (`model.generate(...,
   prompt_lookup_num_tokens=10)`, HF assisted generation);
-- runtime mlx: `mlx_lm-stream_generate` (greedy), the MLX AR reference.
+- runtime mlx: `mlx_lm-stream_generate` (greedy), the MLX AR reference;
+- with `--tree`: `chain`, the same drafter verifying chains (our loop), so trees and chains meet the same
+  prompts and the same AR baseline in one run.
 Their tokens are timed with a streamer (HF) or per yielded response (mlx_lm): `ttft_s` is the time to the
 first emitted chunk, `tokens_per_s` counts the tokens after that first chunk over the time from it to the
 last chunk (our convention: tokens after the first over decode time), and `e2e_tokens_per_s` is all new
@@ -411,6 +413,9 @@ def run_eval(
         peer_notes[name] = (
             f"our loop with drafter {other.name!r} in drafter runtime {other.runtime}, interleaved"
         )
+    if cfg.tree is not None and drafter is not None:  # trees against chains of the same drafter, same run
+        runners["chain"] = drafter_peer(verifier, drafter, replace(cfg, tree=None))
+        peer_notes["chain"] = "our loop with the same drafter verifying chains instead of trees, interleaved"
 
     warm_info: dict[str, Any] | None = None
     if warmup:
@@ -585,7 +590,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"drafter-{rt}": drafter_for(spec, verifier, dtype=m.dtype, costs=m.costs, runtime=rt)
         for rt in others
     }
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=m.block_size, sampling=sampling)
+    cfg = DecodeConfig(
+        max_new_tokens=args.max_new_tokens, block_size=m.block_size, sampling=sampling, tree=m.tree
+    )
     result = run_eval(
         verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,
         peers=not args.no_peers, warmup=not args.no_warmup, progress=not args.quiet,

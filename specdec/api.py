@@ -32,6 +32,7 @@ from specdec.records import (
     steps_path,
     summarize,
 )
+from specdec.tree import TREE_AUTO_NODES, TreeBudget
 
 __all__ = [
     "DRAFTER_RUNTIMES", "LOOKUP_BLOCK_SIZE", "RUNTIMES", "Loaded", "RunSpec", "bundled_corpus",
@@ -347,6 +348,7 @@ class RunSpec:
     costs: str | None = None
     corpus: str | None = None
     corpus_cut: float = 0.4
+    tree: int | str | None = None  # nodes per tree step (`--tree`), "auto", or None: chains
 
     @property
     def auto_block(self) -> bool:
@@ -355,6 +357,10 @@ class RunSpec:
     @property
     def auto_cut(self) -> bool:
         return self.min_confidence == "auto"
+
+    @property
+    def auto_tree(self) -> bool:
+        return self.tree == "auto"
 
     @property
     def fixed_confidence(self) -> float:
@@ -385,12 +391,25 @@ class RunSpec:
 
             check_corpus(self.corpus, drafter=self.drafter)
         check_drafter_fits(self.drafter, self.model if self.verifier != "stub" else None)
+        if self.tree is not None:
+            self._check_tree()
         return table
 
+    def _check_tree(self) -> None:
+        if not (self.tree == "auto" or (isinstance(self.tree, int) and self.tree >= 2)):
+            raise ValueError(f"--tree takes a node count >= 2 or auto, got {self.tree!r}")
+        base = self.drafter.removesuffix("+lookup")
+        if base in ("none", "prompt-lookup") or base.startswith("model:"):
+            raise ValueError(f"--tree needs a DFlash drafter (optionally +lookup), not {self.drafter!r}")
+        if self.verifier == "mlx":
+            raise ValueError("the mlx verifier does not verify trees yet: --tree needs --verifier hf or stub")
+
     def _cost_table(self) -> dict[str, Any] | None:
-        if not (self.auto_block or self.auto_cut):
+        if not (self.auto_block or self.auto_cut or self.auto_tree):
             if self.costs:
-                raise ValueError("--costs is read only with --block-size auto or --min-confidence auto")
+                raise ValueError(
+                    "--costs is read only with --block-size auto, --min-confidence auto or --tree auto"
+                )
             return None
         base = self.drafter.removesuffix("+lookup")
         if base == "none" or (self.auto_cut and base == "prompt-lookup"):
@@ -408,7 +427,8 @@ class RunSpec:
 @dataclass(frozen=True)
 class Loaded:
     """What `load` built: the verifier, the drafter (None: autoregressive), the block size a step drafts
-    with, the dtype both run in and why, and the verify costs drafts are cut by (None: not by cost)."""
+    with, the dtype both run in and why, the verify costs drafts are cut by (None: not by cost), and the
+    tree budget of a step (None: chains)."""
 
     verifier: Verifier
     drafter: Drafter | None
@@ -416,6 +436,7 @@ class Loaded:
     dtype: str
     dtype_reason: str
     costs: VerifyCosts | None
+    tree: TreeBudget | None = None
 
 
 def _log(line: str) -> None:
@@ -431,7 +452,7 @@ def load(spec: RunSpec, *, log: Callable[[str], None] = _log) -> Loaded:
     )
     log(f"dtype {dtype} ({why})")
     costs = None
-    if spec.auto_block or spec.auto_cut:
+    if spec.auto_block or spec.auto_cut or spec.auto_tree:
         costs = VerifyCosts.from_table(table, source=spec.costs) if table else VerifyCosts.measure(verifier)
     cut_costs = costs if spec.auto_cut else None
     drafter = drafter_for(spec, verifier, dtype=dtype, costs=cut_costs)
@@ -443,7 +464,12 @@ def load(spec: RunSpec, *, log: Callable[[str], None] = _log) -> Loaded:
             log(f"block size {block}: {why_block}")
         if spec.auto_cut:
             log("drafts cut where they commit the most tokens per verify cost")
-    return Loaded(verifier, drafter, block, dtype, why, cut_costs)
+    tree = None
+    if spec.tree is not None and drafter is not None:
+        auto = spec.auto_tree
+        tree = TreeBudget(TREE_AUTO_NODES if auto else int(spec.tree), costs=costs if auto else None)
+        log(f"trees of up to {tree.nodes} nodes" + (", as many as pay for their verify cost" if auto else ""))
+    return Loaded(verifier, drafter, block, dtype, why, cut_costs, tree)
 
 
 def drafter_for(

@@ -125,6 +125,12 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
         "every draft where it commits the most tokens per verify cost (see --costs)",
     )  # fmt: skip
     p.add_argument(
+        "--tree", type=or_auto(at_least(2)),
+        help="verify a tree of up to N drafts per step (the last token included) built best first from the "
+        "drafter's candidates at each block position, instead of one chain (DFlash drafters, optionally "
+        "+lookup; hf and stub verifiers); auto: as many as pay for their verify cost (see --costs)",
+    )  # fmt: skip
+    p.add_argument(
         "--costs", metavar="JSON",
         help="a verify cost table (`specdec bench-verify --out`) for --block-size / --min-confidence auto; "
         "without it they time this verifier's verifies at load (a few seconds)",
@@ -177,7 +183,7 @@ def run_spec(args: argparse.Namespace) -> RunSpec:
     return RunSpec(
         verifier=args.verifier, model=args.model, dtype=args.dtype, device=args.device, drafter=args.drafter,
         drafter_runtime=args.drafter_runtime, block_size=args.block_size, min_confidence=args.min_confidence,
-        costs=args.costs, corpus=args.corpus, corpus_cut=args.corpus_cut,
+        costs=args.costs, corpus=args.corpus, corpus_cut=args.corpus_cut, tree=args.tree,
     )  # fmt: skip
 
 

@@ -63,7 +63,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     sampling = sampling_of(args)
     m = load(run_spec(args))
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=m.block_size, sampling=sampling)
+    cfg = DecodeConfig(
+        max_new_tokens=args.max_new_tokens, block_size=m.block_size, sampling=sampling, tree=m.tree
+    )
     result = run(m.verifier, [prompt], drafter=m.drafter, cfg=cfg, out=out, progress=False)
     text = result["prompts"][0]["text"]
     print(text if text is not None else result["prompts"][0]["output_tokens"])

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.protocols import Drafter, Verifier
+from specdec.protocols import Drafter, TreeVerify, Verifier
 
-__all__ = ["MAX_ROW_COST", "VerifyCosts", "choose_block", "measure_costs"]
+__all__ = ["MAX_ROW_COST", "VerifyCosts", "choose_block", "measure_costs", "measure_tree_costs"]
 
 
 @dataclass(frozen=True)
@@ -157,3 +157,39 @@ def measure_costs(
     if drafter:
         drafter.reset()
     return {b: statistics.median(x) for b, x in times.items()}, statistics.median(draft) if draft else None
+
+
+def measure_tree_costs(
+    verifier: Verifier, *, context: int = 400, sizes: Sequence[int] = (2, 4, 8, 16, 32), reps: int = 7
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Median seconds of a chain verify of N tokens and of a tree verify of N nodes (`TreeVerify`), N in
+    `sizes`, at `context` cached positions, interleaved. The trees are what `best_first` makes of peaked
+    random block distributions (a few branches per depth, as a trained drafter's), at most 15 deep."""
+    from specdec.tree import TreeBudget, best_first
+
+    if not isinstance(verifier, TreeVerify):
+        raise ValueError(f"the {verifier.runtime} verifier does not verify trees")
+    g = torch.Generator().manual_seed(0)
+    ids = [int(t) for t in torch.randint(10, verifier.vocab_size - 10, (context + max(sizes),), generator=g)]
+    logits = torch.randn(15, verifier.vocab_size, generator=g) * 4  # [D, V]
+    trees = {n: best_first(ids[context], logits, TreeBudget(n)) for n in sizes}
+    verifier.set_target_layers(())
+    verifier.reset()
+    verifier.prefill(ids[:context])
+    chain: dict[int, list[float]] = {n: [] for n in sizes}
+    tree: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(reps):
+        for n in sizes:
+            t = time.perf_counter()
+            verifier.verify(ids[context : context + n])
+            chain[n].append(time.perf_counter() - t)
+            verifier.rollback(n)
+            t = time.perf_counter()
+            verifier.verify_tree(trees[n])
+            tree[n].append(time.perf_counter() - t)
+            verifier.keep_path([0])
+            verifier.rollback(1)
+    verifier.reset()
+    return {n: statistics.median(x) for n, x in chain.items()}, {
+        n: statistics.median(x) for n, x in tree.items()
+    }

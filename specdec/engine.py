@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -26,11 +26,14 @@ from specdec.protocols import (
     NativeFeatures,
     SampledProposals,
     SampledWalk,
+    TreeProposals,
+    TreeVerify,
     Verifier,
     check_compatible,
 )
 from specdec.records import JsonlWriter, PromptResult, StepRecord
 from specdec.sampling import Sampler, SamplingParams
+from specdec.tree import Tree, TreeBudget
 
 _NO_DRAFTER = unmeasured("no drafter in this run")
 
@@ -42,6 +45,7 @@ class DecodeConfig:
     stop_token_ids: frozenset[int] | None = None  # None: the verifier's EOS ids
     max_context: int | None = None  # None: the verifier's limit
     sampling: SamplingParams | None = None  # None or temperature 0: greedy
+    tree: TreeBudget | None = None  # verify a tree of drafts per step (`specdec.tree`); None: a chain
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -88,6 +92,23 @@ def check_request(
             raise ValueError(
                 f"block_size {cfg.block_size} exceeds the drafter's block size {drafter.block_size}"
             )
+        if cfg.tree is not None:
+            check_tree(verifier, drafter, cfg.sampling)
+
+
+def check_tree(verifier: Verifier, drafter: Drafter, sampling: SamplingParams | None) -> None:
+    """ValueError, before any work, where a tree cannot be drafted or verified exactly."""
+    if not isinstance(drafter, TreeProposals):
+        raise ValueError(
+            f"drafter {drafter.name!r} cannot propose trees: --tree needs a DFlash drafter (or one +lookup)"
+        )
+    if not isinstance(verifier, TreeVerify):
+        raise ValueError(f"the {verifier.runtime} verifier does not verify trees; use --verifier hf or stub")
+    verifier.check_tree()
+    if sampling is not None and not sampling.greedy and sampling.rule != "match":
+        raise ValueError("a tree is verified with the match rule at T > 0; --rule rejection needs a chain")
+    if sampling is not None and not sampling.greedy and sampling.proposal != "argmax":
+        raise ValueError("a tree holds the drafter's best candidates; --proposal sample needs a chain")
 
 
 def _features(verifier: Verifier, drafter: Drafter, n: int) -> Any:
@@ -96,6 +117,19 @@ def _features(verifier: Verifier, drafter: Drafter, n: int) -> Any:
     if drafter.runtime == verifier.runtime and isinstance(verifier, NativeFeatures):  # no conversion
         return verifier.native_features(n)
     return verifier.features(n, device=drafter.device, dtype=drafter.dtype)
+
+
+def _verify_tree(
+    verifier: Verifier, tree: Tree, sampler: Sampler | None, pos: int
+) -> tuple[list[int], list[int], list[int]]:
+    """Verify `tree` and keep its accepted path in the cache: (the path's drafts, the verifier's token after
+    each of its nodes, the path's node indices): a chain step that accepted every draft it holds."""
+    depths = tree.depths
+    check = (lambda logits: sampler.verify_tree(logits, depths, pos)) if sampler else None
+    after = verifier.verify_tree(tree, sample=check)  # [N]: the verifier's token after each node
+    path = tree.accept(after)
+    verifier.keep_path(path)
+    return [tree.tokens[i] for i in path[1:]], [after[i] for i in path], path
 
 
 def _propose(
@@ -186,20 +220,30 @@ def decode(
         k = min(cfg.block_size - 1, cfg.max_new_tokens - n_out - 1, room - 1) if drafter else 0
         pos = verifier.position + 1  # absolute position of the first token this step decides
         q = None  # the distribution [k, V] the drafts were drawn from, when they are sampled
+        tree = None  # with cfg.tree: the tree of drafts this step verifies
         t0 = clock()
         if k > 0:
             dprobe.reset()
-            draft, q = _propose(drafter, sampler, token, k, pos)
-            assert len(draft) <= k, f"drafter {drafter.name!r} proposed {len(draft)} > {k} tokens"
+            if cfg.tree is not None:
+                # its nodes sit in the cache until the path is kept: no more than the context has room for
+                tree = drafter.propose_tree(token, k, replace(cfg.tree, nodes=min(cfg.tree.nodes, room)))
+                draft = tree.tokens[1:]
+            else:
+                draft, q = _propose(drafter, sampler, token, k, pos)
+                assert len(draft) <= k, f"drafter {drafter.name!r} proposed {len(draft)} > {k} tokens"
             dmem = dprobe.read()
         else:
             draft, dmem = [], _NO_DRAFTER
+        drafted = len(draft)
         t1 = clock()
         vprobe.reset()
-        check = (lambda logits: sampler.verify(logits, draft, q, pos)) if sampler else None  # noqa: B023
-        # [k+1]: the verifier's token after each input; with no drafter the next step's input is this
-        # step's output, which an asynchronous runtime can start on before the host sees it
-        target = verifier.verify([token, *draft], sample=check, ahead=drafter is None)
+        if tree is not None:  # after it, the cache holds the accepted path as a chain would
+            draft, target, path = _verify_tree(verifier, tree, sampler, pos)
+        else:
+            check = (lambda logits: sampler.verify(logits, draft, q, pos)) if sampler else None  # noqa: B023
+            # [k+1]: the verifier's token after each input; with no drafter the next step's input is this
+            # step's output, which an asynchronous runtime can start on before the host sees it
+            target = verifier.verify([token, *draft], sample=check, ahead=drafter is None)
         vmem = vprobe.read()
         t2 = clock()
         a = common_prefix_len(draft, target)
@@ -216,11 +260,13 @@ def decode(
         t5 = clock()
         draft_s, verify_s, bridge_s = (t1 - t0) + (t5 - t4), t2 - t1, t4 - t3
         yield StepRecord(
-            index=index, phase="decode", drafted=len(draft), accepted=a, acceptance_length=a + 1,
+            index=index, phase="decode", drafted=drafted, accepted=a, acceptance_length=a + 1,
             tokens=committed, draft_s=draft_s, verify_s=verify_s, bridge_s=bridge_s,
             other_s=(t5 - t0) - draft_s - verify_s - bridge_s, step_s=t5 - t0,
             peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
             residual_resamples=sampler.resampled if rule == "rejection" else None,
+            tree_nodes=len(tree) if tree else None,
+            tree_ranks=[tree.ranks[i] for i in path[1:]] if tree else None,
         )  # fmt: skip
         n_out += len(committed)
         token = committed[-1]

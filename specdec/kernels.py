@@ -161,19 +161,26 @@ def invariant_attention(
     scale: float,
     key_start: int = 0,
     softcap: float | None = None,
+    slots: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Attention whose result for a query row does not depend on how many query rows the call holds, nor
     on how many masked keys follow its last visible one: a verify of T tokens then gives bit for bit the
     rows T one-token calls give, where the linears of the dtype do too (bf16 / fp16 on CPU; see
     `batch_invariant`). q [B, Hq, T, D]; k, v [B, Hkv, S, D] at absolute positions
     key_start..key_start+S-1; mask bool [B or 1, 1, T, S] (True: visible) or None (all visible).
-    Returns [B, Hq, T, D].
+    `slots` (a tree verify: `specdec.tree.TreeAttention.slots`): ([S] index of each key in a layout of
+    the given length, increasing), the keys spread out there with masked gaps. Returns [B, Hq, T, D].
 
     Why this holds: query heads sharing a KV head are folded into the rows of one product (no K/V copies);
     the products are plain matmuls in the model dtype (row-invariant where the linears are); the keys are
     padded (masked) on both sides to multiples of KEY_ALIGN counted from absolute position 0, so every
     reduction over keys (scores @ V, the softmax's max and sum in fp32) sees each visible key at the same
     index modulo the alignment and only adds exact zeros for the rest."""
+    if slots is not None:
+        index, length = slots
+        k = k.new_zeros(*k.shape[:2], length, k.shape[-1]).index_copy_(2, index, k)
+        v = v.new_zeros(*v.shape[:2], length, v.shape[-1]).index_copy_(2, index, v)
+        mask = mask.new_zeros(*mask.shape[:-1], length).index_copy_(-1, index, mask)
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     g = Hq // Hkv

@@ -14,7 +14,8 @@ transformers: runtimes live in `specdec.verifiers` / `specdec.bridges` and load 
 What some verifiers or drafters can also do is declared here too, as protocols of their own that callers
 test with `isinstance`: `NativeFeatures` (features in the verifier's own arrays, for a drafter of its
 runtime), `SampledProposals` (a drafter's logits, for sampled drafts at T > 0), `SampledWalk` (a drafter
-that samples a walk of dependent drafts itself), `Describes` (what the
+that samples a walk of dependent drafts itself), `TreeVerify` / `TreeProposals` (tree verification,
+`specdec.tree`), `Describes` (what the
 result JSON records about it), `BatchFeatures` and `BatchGeneration` (what training uses when a verifier
 has them).
 """
@@ -25,6 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from specdec.tree import Tree, TreeBudget
 
 #: A peak-memory reading: {"bytes": int | None, "source": str, "kind": str}. `bytes` is None when the
 #: platform offers no honest reading; it is never a placeholder 0.
@@ -204,6 +207,36 @@ class SampledWalk(Protocol):
     ) -> tuple[list[int], torch.Tensor]:
         """n tokens after `last_token` drawn with uniforms u [n], and q [n, V]: row i the distribution
         token i was drawn from, given tokens 0..i-1 (what the `rejection` rule verifies against)."""
+        ...
+
+
+@runtime_checkable
+class TreeVerify(Protocol):
+    """A verifier that verifies a tree of drafts in one call (`specdec.tree`)."""
+
+    def check_tree(self) -> None:
+        """Raise ValueError (one line, naming why) where this model cannot verify trees exactly."""
+        ...
+
+    def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
+        """Append the tree's nodes in one forward, node i at position `position + depth[i]` seeing the cache
+        and its own ancestors only; return the verifier's token after each node (argmax, or
+        `sample(logits[N, V])`)."""
+        ...
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """After `verify_tree`: keep exactly the nodes `path` (root first, each the parent of the next) as
+        the newest cached positions, in that order, and drop the other nodes; `features(n)` and `rollback`
+        then see those positions as if the path had been verified as a chain."""
+        ...
+
+
+@runtime_checkable
+class TreeProposals(Protocol):
+    """A drafter that proposes a tree (`--tree`): its candidates at each block position, best first."""
+
+    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
+        """A tree rooted at `last_token` of at most `depth` levels below it, within `budget`."""
         ...
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -49,6 +50,9 @@ class StepRecord:
     finish_reason: str | None = None  # set on the last step: "stop" | "length" | "context"
     rule: str = "greedy"  # verification rule: "greedy" | "match" | "rejection"
     residual_resamples: int | None = None  # rejection rule: tokens resampled from norm(max(0, p - q))
+    tree_nodes: int | None = None  # a tree step (`--tree`): nodes verified, the root included; None: a chain
+    # a tree step: per accepted draft, its candidate rank at its depth (0: the drafter's top-1, -1: lookup's)
+    tree_ranks: list[int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +102,7 @@ def summarize(results: list[PromptResult], *, block_size: int | None = None) -> 
     decode_s = sum(s.step_s for s in steps)
     n_after_first = sum(len(s.tokens) for s in steps)
     phases = {k: sum(getattr(s, f"{k}_s") for s in steps) for k in ("draft", "verify", "bridge", "other")}
+    trees = [s.tree_nodes for s in steps if s.tree_nodes is not None]
     return {
         "n_prompts": len(results),
         "n_steps": len(steps),
@@ -105,6 +110,9 @@ def summarize(results: list[PromptResult], *, block_size: int | None = None) -> 
         "acceptance_length_mean": (sum(s.acceptance_length for s in steps) / len(steps)) if steps else None,
         "acceptance_histogram": hist,
         "per_position_acceptance": per_pos,
+        # tree steps: mean nodes verified (the root included) and the share of steps won off the top-1 path
+        "tree_nodes_mean": statistics.mean(trees) if trees else None,
+        "tree_off_top1": _off_top1(steps) if trees else None,
         "tokens_per_s": (n_after_first / decode_s) if decode_s > 0 and n_after_first else None,
         "ttft_s": (sum(s.step_s for s in prefill) / len(prefill)) if prefill else None,
         "decode_s": decode_s,
@@ -114,6 +122,12 @@ def summarize(results: list[PromptResult], *, block_size: int | None = None) -> 
             for rt in sorted({rt for s in [*prefill, *steps] for rt in s.peak_memory})
         },
     }
+
+
+def _off_top1(steps: Sequence[StepRecord]) -> float:
+    """Of the tree steps that accepted a draft, the share whose accepted path left the top-1 candidates."""
+    won = [s for s in steps if s.tree_ranks]
+    return sum(any(r != 0 for r in s.tree_ranks) for s in won) / len(won) if won else 0.0
 
 
 def environment(device: str | None = None) -> dict[str, Any]:

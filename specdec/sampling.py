@@ -120,6 +120,13 @@ class Sampler:
         k = q.shape[0]
         return sample_from(q, self.u(3, pos, k, q)).tolist(), q
 
+    def verify_tree(self, logits: torch.Tensor, depths: list[int], pos: int) -> list[int]:
+        """A tree verify under the `match` rule: logits [N, V] of nodes at positions pos + depths[i] -> the
+        verifier's token after each node, sampled with its position's uniform (`specdec.tree`)."""
+        p = warp(logits, self.sp)  # [N, V]
+        u = self.u(0, pos, max(depths) + 1, p)[torch.tensor(depths, device=p.device)]  # [N]
+        return sample_from(p, u).tolist()
+
     def verify(self, logits: torch.Tensor, draft: list[int], q: torch.Tensor | None, pos: int) -> list[int]:
         """logits [k+1, V] for positions pos..pos+k -> targets whose prefix agreement with `draft` is
         the accepted count, followed by the verifier's token (resampled or bonus)."""

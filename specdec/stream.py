@@ -46,6 +46,7 @@ from specdec.engine import DecodeConfig, check_request, common_prefix_len, conte
 from specdec.protocols import Drafter, RollbackError, Verifier
 from specdec.records import PromptResult, StepRecord, summarize
 from specdec.sampling import SamplingParams
+from specdec.tree import TreeBudget
 
 __all__ = [
     "ChatSession",
@@ -201,8 +202,10 @@ class Engine:
         block_size: int | None = None,
         max_context: int | None = None,
         reuse: bool = True,
+        tree: TreeBudget | None = None,
     ) -> None:
-        self.verifier, self.reuse = verifier, reuse
+        """`tree`: verify a tree of drafts per step within this budget (`specdec.tree`; None: chains)."""
+        self.verifier, self.reuse, self.tree = verifier, reuse, tree
         self.block_size = block_size if block_size is not None else (drafter.block_size if drafter else 1)
         self.drafter = drafter if self.block_size > 1 else None  # block_size 1: the AR baseline
         self.max_context = context_limit(verifier, max_context)
@@ -247,6 +250,7 @@ class Engine:
             stop_token_ids=stop_token_ids,
             max_context=self.max_context,
             sampling=sampling,
+            tree=self.tree,
         )
         check_request(self.verifier, ids, self.drafter, cfg)
         if stops and self._decode is None:

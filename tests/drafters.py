@@ -12,6 +12,7 @@ import torch
 
 from specdec.memory import probe_for_device
 from specdec.protocols import MemoryProbe, Verifier
+from specdec.tree import Tree, TreeBudget
 
 
 def greedy_reference(
@@ -106,3 +107,50 @@ def check_acceptance(steps: Sequence, kind: str) -> None:
         assert 0 < sum(s.accepted for s in steps) < sum(s.drafted for s in steps)
     if kind == "gappy":
         assert any(s.drafted == 0 for s in steps[1:-1])
+
+
+class TreeDrafter(ScriptedDrafter):
+    """Trees for tests (`specdec.protocols.TreeProposals`): the scripted chain (wrong at `wrong_at`), the
+    reference continuation as a second branch from where the chain first goes wrong (a branch that wins
+    in the middle), then random nodes under random parents up to the budget. `random_only`: the random
+    nodes alone (practically nothing accepted)."""
+
+    name = "tree"
+
+    def __init__(self, reference: Sequence[int], *, vocab: int, seed: int = 0, random_only: bool = False,
+                 **kw: object) -> None:  # fmt: skip
+        super().__init__(reference, vocab=vocab, **kw)  # type: ignore[arg-type]
+        self.gen = torch.Generator().manual_seed(seed)
+        self.random_only = random_only
+
+    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
+        start = self.context_len + 1
+        tokens, parents, ranks = [last_token], [-1], [0]
+
+        def add(parent: int, token: int, rank: int) -> int:
+            if len(tokens) >= budget.nodes:
+                return -1
+            tokens.append(token)
+            parents.append(parent)
+            ranks.append(rank)
+            return len(tokens) - 1
+
+        if not self.random_only:
+            span = range(start, start + depth)
+            node, right = 0, [self.reference[p] if p < len(self.reference) else 0 for p in span]
+            chain = [self._token_at(p) for p in range(start, start + depth)]
+            for t in chain:
+                node = add(node, t, 0) if node >= 0 else -1
+            w = next((i for i, (a, b) in enumerate(zip(chain, right)) if a != b), None)
+            node = w  # the chain's node before its first wrong token (node index == depth on the chain)
+            for t in right[w:] if w is not None else []:
+                node = add(node, t, 1) if node is not None and node >= 0 else -1
+        depths = Tree(tokens, parents).depths
+        while len(tokens) < budget.nodes:
+            parent = int(torch.randint(0, len(tokens), (1,), generator=self.gen))
+            if depths[parent] < depth:
+                add(parent, int(torch.randint(0, self.vocab, (1,), generator=self.gen)), 2)
+                depths.append(depths[parent] + 1)
+            elif all(d >= depth for d in depths):
+                break
+        return Tree(tokens, parents, ranks, [1.0] * len(tokens))

@@ -432,3 +432,38 @@ def test_load_drafter_refuses_a_bad_corpus_cut_before_loading(tmp_path):
     corpus = stub_corpus(tmp_path / "corpus", v)
     with pytest.raises(ValueError, match=r"corpus_cut must be in \[0, 1\], got 2"):  # no drafter there
         load_drafter(str(tmp_path / "nowhere") + "+lookup", verifier=v, corpus=corpus, corpus_cut=2.0)
+
+
+@pytest.mark.parametrize("lookup", [False, True])
+def test_tree_replay_equals_the_engine_on_the_stub(lookup):
+    """`replay_tree` walks the trees the engine verifies with `--tree N` (DFlash alone, and +lookup with
+    lookup's draft as a branch): same steps, same τ, same mean tree size."""
+    from specdec.evals.replay import replay_tree
+    from specdec.tree import TreeBudget
+
+    verifier = StubVerifier()
+    model = make_model(stub_cfg())
+    prompt = verifier.tokenizer.encode("speculative decoding, exactly; speculative decoding, exactly")
+    n = 48
+    base = generate(verifier, prompt, cfg=DecodeConfig(max_new_tokens=n, block_size=1)).output_tokens
+    probe = DFlashDrafter(model)
+    probe.bind(verifier)
+    trace = record(verifier, probe, prompt, base)
+    for nodes in (2, 6, 16):
+        drafter = DFlashDrafter(model)
+        drafter.bind(verifier)
+        bs = drafter.block_size
+        if lookup:
+            drafter = LookupFirstDrafter(drafter, block_size=bs)
+        cfg = DecodeConfig(max_new_tokens=n, block_size=bs, tree=TreeBudget(nodes))
+        res = generate(verifier, prompt, drafter=drafter, cfg=cfg)
+        assert res.output_tokens == base
+        steps = res.decode_steps
+        r = replay_tree([trace], nodes=nodes, lookup=lookup, block_size=bs, max_new_tokens=n)
+        assert r.steps == len(steps) and r.tau == pytest.approx(
+            statistics.mean(s.acceptance_length for s in steps)
+        )
+        trees = [s.tree_nodes for s in steps if s.tree_nodes is not None]
+        assert r.tree_nodes_mean == pytest.approx(statistics.mean(trees))
+    if lookup:
+        assert drafter.counts["lookup"] > 0

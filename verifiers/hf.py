@@ -33,6 +33,7 @@ position) and, up to transformers 5.24, fails outright when the model has no per
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from specdec.kernels import (
 )
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
+from specdec.tree import Tree, TreeAttention
 
 __all__ = ["EXACT_ROLLBACK_LAYER_TYPES", "HFVerifier"]
 
@@ -64,6 +66,10 @@ EXACT_ROLLBACK_LAYER_TYPES = frozenset(
 #: layer (and runs the recurrence token by token, as one-token steps do); longer calls (prefills) keep
 #: none and take transformers' chunked kernel, so a rollback cannot reach into them.
 MAX_RECORDED = 64
+
+
+#: the tree a `verify_tree` on this thread is running: our attention functions then attend by its mask
+_TREE: ContextVar[TreeAttention | None] = ContextVar("specdec_tree", default=None)
 
 
 def _as_ids(value: Any) -> set[int]:
@@ -87,8 +93,11 @@ def _sdpa_gqa(
     n_rep times in every layer of every verify. CPU only: there torch's SDPA kernel takes both."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if (tree := _TREE.get()) is not None:
+        return _attend_tree(module, query, key, value, tree, **kw)
     plain = (
-        getattr(module, "num_key_value_groups", 1) == 1 or attention_mask is None or query.shape[2] == 1
+        query.device.type != "cpu" or getattr(module, "num_key_value_groups", 1) == 1
+        or attention_mask is None or query.shape[2] == 1
         or kw.get("dropout", 0.0) or kw.get("softcap") is not None or kw.get("position_bias") is not None
     )  # fmt: skip
     if plain:
@@ -116,6 +125,8 @@ def _attend_invariant(
     query. transformers passes none for a causal call whose queries are all its keys (a prefill on an
     empty cache, a training forward) and relies on `is_causal`; read as "every key visible", that prefill
     let each position see the ones after it (SmolLM2-135M bf16: 2.6% of argmaxes right)."""
+    if (tree := _TREE.get()) is not None:
+        return _attend_tree(module, query, key, value, tree, **kw)
     pos = kw.get("position_ids")
     T, S = query.shape[2], key.shape[2]
     start = int(pos[0, -1]) - S + 1 if pos is not None else 0
@@ -129,6 +140,28 @@ def _attend_invariant(
     out = invariant_attention(
         query, key, value, mask, scale=scale, key_start=start, softcap=kw.get("softcap")
     )
+    return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
+
+
+def _attend_tree(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    tree: TreeAttention,
+    **kw: Any,
+) -> tuple[torch.Tensor, None]:
+    """A tree verify's attention: the last T keys are the tree's nodes, the ones before them the newest
+    cached positions; each node sees those (within the layer's sliding window) and its ancestors, by the
+    tree's mask in place of transformers' causal one, through `invariant_attention` in the tree's key
+    layout, so a node's row equals the row of its path verified as a chain (bit for bit where the
+    verifier is batch-invariant)."""
+    ctx = key.shape[2] - query.shape[2]
+    window = kw.get("sliding_window") or getattr(module, "sliding_window", None)
+    out = invariant_attention(
+        query, key, value, tree.mask(ctx, window), scale=kw.get("scaling") or query.shape[-1] ** -0.5,
+        key_start=tree.root - ctx, softcap=kw.get("softcap"), slots=tree.slots(ctx),
+    )  # fmt: skip
     return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
 
 
@@ -205,8 +238,9 @@ class HFVerifier:
         if onednn and cpu:
             use_cpu_linears(model)
         switched = bool(invariant) and _set_attention(model, "specdec_invariant", _attend_invariant)
-        if not invariant and onednn and cpu:
-            _set_attention(model, "specdec_sdpa", _sdpa_gqa)
+        # ours also where it changes nothing (not on a CPU): a tree verify attends through it
+        sdpa = not invariant and (onednn or not cpu) and _set_attention(model, "specdec_sdpa", _sdpa_gqa)
+        self._own_attention = switched or sdpa  # what `check_tree` asks
         self.config = cfg = model.config.get_text_config(decoder=True)
         _check_layer_types(cfg, Path(path).name or path)  # a model object; a folder is checked before loading
         base = getattr(model, "model", None)
@@ -344,12 +378,54 @@ class HFVerifier:
                 ) from None
         self._pos = 0
         self._since_crop = 0  # positions appended since the last crop: how far a rollback may reach
+        self._tree_size = 0  # nodes of the last verify_tree
         self._recorded = 0  # of those, the last ones with a recurrent state each (linear layers)
         self._captured = {}
 
+    def check_tree(self) -> None:
+        why = None
+        if self._linear:
+            why = "its linear-attention (Gated DeltaNet) layers would need a tree-aware recurrent state"
+        elif any(hasattr(m, "sinks") for m in self.model.modules()):
+            why = "its attention sinks are not in the tree attention"
+        elif not self._own_attention:
+            why = f"it runs {self.model.config._attn_implementation!r} attention (trees need sdpa)"
+        if why:
+            name = f"{self.model_name} ({self.config.model_type})"
+            raise ValueError(f"{name} cannot verify trees: {why}; use a chain")
+
+    def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
+        att = TreeAttention(tree, self._pos, self.device)
+        reset = _TREE.set(att)  # read by our attention functions on this thread
+        try:
+            logits = self.forward(tree.tokens, positions=att.positions)  # [N, V]
+        finally:
+            _TREE.reset(reset)
+        self._tree_size = len(tree)
+        return sample(logits) if sample else logits.argmax(-1).tolist()
+
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only)."""
+    def keep_path(self, path: Sequence[int]) -> None:
+        T, n = self._tree_size, len(path)
+        rows = torch.tensor(path, device=self.device)
+        for la in self._cache.layers:
+            if getattr(la, "exact_rollback", False):  # ours: GrowingLayer
+                la.keep_last(T, rows)
+            elif getattr(la, "is_sliding", False) and la.is_initialized:  # keeps all since the last crop
+                la.keys = torch.cat([la.keys[:, :, :-T], la.keys[:, :, -T:][:, :, rows]], 2)
+                la.values = torch.cat([la.values[:, :, :-T], la.values[:, :, -T:][:, :, rows]], 2)
+                la.cumulative_length -= T - n
+        self._pos -= T - n
+        self._since_crop -= T - n
+        self._tree_size = 0
+        self._captured = {i: c[rows] for i, c in self._captured.items()}  # [n, H] each
+
+    @torch.inference_mode()
+    def forward(
+        self, tokens: Sequence[int], *, last_only: bool = False, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). `positions` [T]: their
+        positions where they are not the next T (a tree's nodes)."""
         T = len(tokens)
         if T == 0:
             raise ValueError("no tokens to process")
@@ -365,7 +441,10 @@ class HFVerifier:
         record = T <= MAX_RECORDED
         for la in self._linear:  # one state per position, the recurrence run token by token
             la.recurrent_states_to_keep = T if record else 0
-        out = self.model(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=keep)
+        pos = None if positions is None else positions[None]  # [1, T]
+        out = self.model(
+            input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=keep, position_ids=pos
+        )
         self._pos += T
         self._since_crop += T
         self._recorded = self._recorded + T if record else 0
@@ -528,6 +607,14 @@ def _growing_layer() -> type:
             self._v.narrow(-2, n, T).copy_(value_states)
             self._n = n + T
             return self._view()
+
+        def keep_last(self, T: int, rows: torch.Tensor) -> None:
+            """Of the last T positions keep `rows` [n], in that order (a tree verify's accepted path)."""
+            n0 = self._n - T
+            self._k[..., n0 : n0 + len(rows), :] = self._k[..., n0 + rows, :]  # indexing copies: no overlap
+            self._v[..., n0 : n0 + len(rows), :] = self._v[..., n0 + rows, :]
+            self._n = n0 + len(rows)
+            self._view()
 
         def crop(self, tokens_to_remove: int) -> None:
             if tokens_to_remove > 0:

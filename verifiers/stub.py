@@ -20,6 +20,7 @@ from torch import nn
 from specdec.kernels import batch_invariant, invariant_attention, linear_fn, verify_equals_steps
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn, check_layer_ids
+from specdec.tree import Tree, TreeAttention
 
 BOS, EOS, PAD = 256, 257, 258
 
@@ -123,6 +124,7 @@ class StubVerifier:
         self._pos = 0
         self._layer_ids: tuple[int, ...] = ()
         self._captured: torch.Tensor | None = None  # [T, K*H] of the last call
+        self._tree_size = 0  # nodes of the last verify_tree
         shapes = tuple(sorted({tuple(p.shape) for p in self.model.parameters() if p.dim() == 2}))  # [N, K]
         # measured on this model here (a verify vs one-token steps), not inferred from a toy shape
         self.batch_invariant = (
@@ -142,18 +144,27 @@ class StubVerifier:
     def reset(self) -> None:
         self._pos, self._captured = 0, None
 
+    def check_tree(self) -> None:
+        return None  # attention only: every tree verifies exactly
+
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only)."""
+    def forward(
+        self, tokens: Sequence[int], *, last_only: bool = False, tree: TreeAttention | None = None
+    ) -> torch.Tensor:
+        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). With `tree`, `tokens`
+        are a tree's nodes: positions by depth, each seeing the cache and its ancestors."""
         cfg, T, p0 = self.cfg, len(tokens), self._pos
         if p0 + T > cfg.max_context:
             raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {cfg.max_context}")
         nh, hd = cfg.num_heads, cfg.hidden_size // cfg.num_heads
         ids = torch.tensor(tokens, dtype=torch.long)
-        pos = torch.arange(p0, p0 + T)
         x = F.embedding(ids, self.model.embed)  # [T, H]
-        # causal over the cache: new query i sees cached positions <= p0 + i
-        mask = pos[:, None] >= torch.arange(p0 + T)[None, :]  # [T, p0+T]
+        if tree is None:  # causal over the cache: new query i sees cached positions <= p0 + i
+            pos = torch.arange(p0, p0 + T)
+            mask = pos[:, None] >= torch.arange(p0 + T)[None, :]  # [T, p0+T]
+            slots = None
+        else:
+            pos, mask, slots = tree.positions, tree.mask(p0)[0, 0], tree.slots(p0)
         captured: dict[int, torch.Tensor] = {}
         for li, layer in enumerate(self.model.layers):
             h = _rms_norm(x, layer.norm1, cfg.eps)
@@ -163,7 +174,9 @@ class StubVerifier:
             self._kv[li, 1, :, p0 : p0 + T] = v
             keys, vals = self._kv[li, 0, :, : p0 + T], self._kv[li, 1, :, : p0 + T]  # [nh, p0+T, hd]
             if self.invariant:  # [nh, T, hd]
-                one = invariant_attention(q[None], keys[None], vals[None], mask[None, None], scale=hd**-0.5)
+                one = invariant_attention(
+                    q[None], keys[None], vals[None], mask[None, None], scale=hd**-0.5, slots=slots
+                )
                 att = one[0]
             else:
                 att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
@@ -187,6 +200,19 @@ class StubVerifier:
     ) -> list[int]:
         logits = self.forward(tokens)  # [T, V]; `ahead` buys nothing on a synchronous runtime
         return sample(logits) if sample else logits.argmax(-1).tolist()
+
+    def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
+        logits = self.forward(tree.tokens, tree=TreeAttention(tree, self._pos, "cpu"))  # [N, V]
+        self._tree_size = len(tree)
+        return sample(logits) if sample else logits.argmax(-1).tolist()
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        p0 = self._pos - self._tree_size
+        rows = torch.tensor(path)
+        self._kv[:, :, :, p0 : p0 + len(path)] = self._kv[:, :, :, p0 + rows]  # index: a copy, no overlap
+        self._pos = p0 + len(path)
+        if self._captured is not None:
+            self._captured = self._captured[rows]  # [len(path), K*H]
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._pos:

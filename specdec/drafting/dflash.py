@@ -40,6 +40,7 @@ from specdec.drafting.dflash2 import CandidateSelector, DynamicConv, Walk
 from specdec.drafting.policy import Draft, DraftPolicy
 from specdec.kernels import use_cpu_linears
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, MemoryRecord
+from specdec.tree import Tree, TreeBudget, best_first
 
 if TYPE_CHECKING:
     from specdec.protocols import Verifier
@@ -733,6 +734,10 @@ class DFlashDrafter:
     def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
         """Logits [n, V] of the next n positions, for sampled proposals at temperature > 0."""
         return self._need().vocab_logits(last_token, n)
+
+    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
+        """A tree of the block's candidates, best first by path probability (`specdec.tree.best_first`)."""
+        return best_first(last_token, self._need().vocab_logits(last_token, depth), budget)  # [depth, V]
 
     @property
     def walks(self) -> bool:

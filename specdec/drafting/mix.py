@@ -6,6 +6,7 @@ verifies and where it is cut.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,7 +14,8 @@ import torch
 from specdec.drafting.lookup import LOOKUP_BLOCK_SIZE, LOOKUP_NGRAMS, PromptLookupDrafter, lookup_accept
 from specdec.drafting.ngrams import CorpusNgrams, chances_of
 from specdec.drafting.policy import Calibration, Draft, DraftPolicy
-from specdec.protocols import Describes, Drafter, MemoryProbe, Verifier
+from specdec.protocols import Describes, Drafter, MemoryProbe, TreeProposals, Verifier
+from specdec.tree import Tree, TreeBudget
 
 __all__ = ["LookupFirstDrafter"]
 
@@ -84,12 +86,38 @@ class LookupFirstDrafter:
     def extend(self, features: torch.Tensor, tokens: Sequence[int]) -> None:
         if self._pending is not None:  # tokens: the last token and the drafts the verifier accepted
             d = self._pending
-            self.calibration.learn(d.source, self.policy.acceptance(d), accepted=len(tokens) - 1)
+            # the drafts of it the step accepted (a tree step may have taken another branch)
+            accepted = next((i for i, (x, y) in enumerate(zip(d.tokens, tokens[1:])) if x != y), None)
+            accepted = min(len(tokens) - 1, len(d.tokens)) if accepted is None else accepted
+            self.calibration.learn(d.source, self.policy.acceptance(d), accepted=accepted)
             self._pending = None
         self.drafter.extend(features, tokens)
         self.lookup.extend(features, tokens)  # lookup ignores the features
 
     def propose(self, last_token: int, n: int) -> list[int]:
+        chosen = self._choose(last_token, n)
+        if chosen is None:
+            self.counts["drafter"] += 1
+            return self.drafter.propose(last_token, min(n, self.drafter.block_size - 1))
+        self.counts[chosen.source] += 1
+        return chosen.tokens
+
+    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
+        """The wrapped drafter's tree (a chain where it has none) with lookup's or the corpus's draft as a
+        branch of its own: every step runs the wrapped drafter, in what the branch leaves of the budget."""
+        chosen = self._choose(last_token, min(depth, budget.nodes - 1))
+        branch = chosen.tokens if chosen is not None else []
+        self.counts[chosen.source if chosen is not None else "drafter"] += 1
+        inner = min(depth, self.drafter.block_size - 1)
+        rest = replace(budget, nodes=budget.nodes - len(branch))
+        if isinstance(self.drafter, TreeProposals):
+            tree = self.drafter.propose_tree(last_token, inner, rest)
+        else:
+            tree = Tree.chain(last_token, self.drafter.propose(last_token, min(inner, rest.nodes - 1)))
+        return tree.with_branch(branch)
+
+    def _choose(self, last_token: int, n: int) -> Draft | None:
+        """Lookup's or the corpus's draft of up to n tokens as the policy picks it (None: neither)."""
         tokens, g = self.lookup.match(last_token, n)
         chances = lookup_accept(g, len(tokens), self.lookup_chances) if self.policy.costs is not None else []
         looked = Draft(tokens, "lookup", chances)  # lookup's drafts are cut by their chances under costs only
@@ -101,11 +129,7 @@ class LookupFirstDrafter:
             mined = Draft([t for t, _ in chain], "corpus", [s for _, s in chain])
         chosen = self.policy.choose(looked, mined, self.calibration)
         self._pending = chosen if chosen is not None and self.policy.costs is not None else None
-        if chosen is None:
-            self.counts["drafter"] += 1
-            return self.drafter.propose(last_token, min(n, self.drafter.block_size - 1))
-        self.counts[chosen.source] += 1
-        return chosen.tokens
+        return chosen
 
     def rollback(self, n: int) -> None:
         self._pending = None

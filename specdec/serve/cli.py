@@ -72,8 +72,9 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     m = load(run_spec(args))
     verifier, drafter, block = m.verifier, m.drafter, m.block_size
     engine = Engine(
-        verifier, drafter, block_size=block, max_context=args.max_context, reuse=not args.no_reuse
-    )
+        verifier, drafter, block_size=block, max_context=args.max_context, reuse=not args.no_reuse,
+        tree=m.tree,
+    )  # fmt: skip
     server: Any = None
     died: list[BaseException] = []
 

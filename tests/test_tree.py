@@ -1,0 +1,363 @@
+"""Tree verification (`--tree`): several candidate continuations verified in one call, exactly.
+
+A tree verify must give every node the logits its root path gets verified as a chain (bit for bit where
+the verifier is batch-invariant, bf16 here; to float rounding in fp32), so speculative output equals
+autoregressive output token for token whatever tree is proposed: random trees, an all-accepting one, and a
+scripted second branch that wins where the top-1 chain goes wrong. At T > 0 the match rule over trees
+keeps the verifier's distribution (chi-square against enumeration, with a broken rule that must fail).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from drafters import TreeDrafter
+from parity import runtime_generate
+from test_dflash import make_model, stub_cfg
+from test_sampling import (
+    ALPHA,
+    N_SAMPLES,
+    PROMPT,
+    ModelDrafter,
+    chi2_stat,
+    chi2_threshold,
+    exact_joint,
+)
+from tinymodels import tiny_gemma3, tiny_llama, tiny_qwen3, tiny_qwen3_5
+
+from specdec.drafting.dflash import DFlashDrafter
+from specdec.engine import DecodeConfig, generate
+from specdec.sampling import Sampler, SamplingParams, sample_from, warp
+from specdec.stream import ChatSession, Engine
+from specdec.tree import Tree, TreeAttention, TreeBudget, best_first
+from specdec.verifiers.stub import StubConfig, StubVerifier
+
+FAMILIES = {"llama": tiny_llama, "gemma3": tiny_gemma3, "qwen3": tiny_qwen3}
+
+
+# ---- the tree itself --------------------------------------------------------------------------------------
+
+
+def test_best_first_takes_nodes_by_path_probability():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 30, generator=g) * 2  # [D, V]
+    tree = best_first(7, logits, TreeBudget(20))
+    assert len(tree) == 20 and tree.tokens[0] == 7 and tree.parents[0] == -1
+    assert all(0 <= p < i for i, p in enumerate(tree.parents[1:], 1))
+    assert all(a >= b - 1e-12 for a, b in zip(tree.probs[1:], tree.probs[2:]))  # best first
+    logp = logits.log_softmax(-1)
+    for i in range(1, len(tree)):  # a node's probability is its path's
+        node, want = i, 0.0
+        while node > 0:
+            want += float(logp[tree.depths[node] - 1, tree.tokens[node]])
+            node = tree.parents[node]
+        assert tree.probs[i] == pytest.approx(torch.tensor(want).exp().item(), rel=1e-5)
+    # the chain of top-1 candidates comes first when it is the most likely path at every length
+    sharp = torch.full((4, 10), -5.0).scatter(1, torch.tensor([[1], [2], [3], [4]]), 5.0)
+    top = best_first(0, sharp, TreeBudget(5))
+    assert top.tokens == [0, 1, 2, 3, 4] and top.parents == [-1, 0, 1, 2, 3] and top.ranks == [0] * 5
+    assert best_first(3, logits[:0], TreeBudget(8)).tokens == [3]
+    with pytest.raises(ValueError, match="at least 1 node"):
+        TreeBudget(0)
+
+
+def test_auto_budget_keeps_nodes_while_they_pay_for_their_rows():
+    class Costs:
+        def __init__(self, row: float) -> None:
+            self.row = row
+
+        def cost(self, b: int) -> float:
+            return 1 + self.row * (b - 1)
+
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(1))
+    free = best_first(0, logits, TreeBudget(16, costs=Costs(0.0)))
+    dear = best_first(0, logits, TreeBudget(16, costs=Costs(5.0)))
+    assert len(free) == 16 and len(dear) == 1
+    mid = best_first(0, logits, TreeBudget(16, costs=Costs(0.05)))
+    assert 1 < len(mid) < 16 and min(mid.probs) >= 0.05 * 0.5  # no node far below its row's cost
+
+
+def test_accept_and_branches():
+    tree = Tree([9, 1, 2, 5, 3], [-1, 0, 1, 0, 3])  # 9 -> 1 -> 2 and 9 -> 5 -> 3
+    assert tree.depths == [0, 1, 2, 1, 2]
+    assert tree.accept([5, 0, 0, 3, 0]) == [0, 3, 4]  # the second branch, to its end
+    assert tree.accept([1, 7, 0, 0, 0]) == [0, 1]
+    assert tree.accept([4, 0, 0, 0, 0]) == [0]
+    merged = tree.with_branch([5, 3, 8])
+    assert merged.tokens == [9, 1, 2, 5, 3, 8] and merged.parents[-1] == 4 and merged.ranks[-1] == -1
+    with pytest.raises(ValueError, match="parent must come before"):
+        Tree([1, 2, 3], [-1, 2, 0])
+
+
+# ---- tree verify == each path verified as a chain ----------------------------------------------------------
+
+
+def _random_tree(rng: random.Random, vocab: int) -> Tree:
+    n = rng.randint(2, 24)
+    return Tree([rng.randrange(3, vocab) for _ in range(n)], [-1] + [rng.randrange(i) for i in range(1, n)])
+
+
+def _path(tree: Tree, i: int) -> list[int]:
+    path = [i]
+    while tree.parents[path[-1]] >= 0:
+        path.append(tree.parents[path[-1]])
+    return path[::-1]
+
+
+def _tree_vs_paths(v, forward_tree, trials: int = 6) -> tuple[float, bool]:
+    """(max |logit difference|, bit for bit) between a tree verify and each node's path verified as a chain,
+    after prompts of random length (past an alignment block and a sliding window)."""
+    rng = random.Random(0)
+    worst, same = 0.0, True
+    for _ in range(trials):
+        prompt = [rng.randrange(3, v.vocab_size) for _ in range(rng.randint(5, 90))]
+        tree = _random_tree(rng, v.vocab_size)
+        v.reset()
+        v.forward(prompt)
+        got = forward_tree(v, tree)  # [N, V]
+        for i in range(len(tree)):
+            v.reset()
+            v.forward(prompt)
+            want = v.forward([tree.tokens[j] for j in _path(tree, i)])[-1]
+            worst = max(worst, float((want.float() - got[i].float()).abs().max()))
+            same = same and torch.equal(want, got[i])
+    v.reset()
+    return worst, same
+
+
+def _stub_tree(v: StubVerifier, tree: Tree) -> torch.Tensor:
+    return v.forward(tree.tokens, tree=TreeAttention(tree, v.position, "cpu"))
+
+
+def _hf_tree(v, tree: Tree) -> torch.Tensor:
+    from specdec.verifiers import hf
+
+    att = TreeAttention(tree, v.position, v.device)
+    token = hf._TREE.set(att)
+    try:
+        return v.forward(tree.tokens, positions=att.positions)
+    finally:
+        hf._TREE.reset(token)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stub_tree_verify_equals_paths_verified_as_chains(dtype):
+    v = StubVerifier(dtype=dtype)
+    worst, same = _tree_vs_paths(v, _stub_tree)
+    assert same if v.batch_invariant else worst < 1e-5, (worst, same)
+    assert v.batch_invariant == (dtype == torch.bfloat16)
+
+
+# ---- speculative == autoregressive with trees --------------------------------------------------------------
+
+
+def _spec_equals_ar(v, prompt: list[int], n: int, *, sampling: SamplingParams | None = None) -> list:
+    ar = generate(v, prompt, cfg=DecodeConfig(max_new_tokens=n, block_size=1, sampling=sampling))
+    ref = prompt + ar.output_tokens
+    steps = []
+    start = len(prompt)
+    for kind, kw in (
+        ("all", {}),
+        ("random", {"random_only": True}),
+        ("branch", {"wrong_at": (start + 2, start + 9, start + 10, start + 21)}),
+    ):
+        for nodes in (2, 7, 24):
+            d = TreeDrafter(ref, vocab=v.vocab_size, block_size=6, **kw)
+            cfg = DecodeConfig(max_new_tokens=n, block_size=6, sampling=sampling, tree=TreeBudget(nodes))
+            spec = generate(v, prompt, drafter=d, cfg=cfg)
+            assert spec.output_tokens == ar.output_tokens, (kind, nodes)
+            # every step that could draft verified a tree within the budget
+            assert all(s.tree_nodes <= nodes for s in spec.decode_steps if s.tree_nodes is not None)
+            assert sum(s.tree_nodes is None for s in spec.decode_steps) <= 1
+            if kind == "all" and nodes >= 6:
+                assert all(s.accepted == min(5, s.drafted) for s in spec.decode_steps[:-1])
+            steps += [(kind, nodes, s) for s in spec.decode_steps]
+    won = [s for kind, nodes, s in steps if kind == "branch" and nodes == 24]
+    assert any(s.tree_ranks and 1 in s.tree_ranks for s in won)  # the second branch won in the middle
+    return ar.output_tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stub_spec_with_trees_equals_ar(dtype):
+    v = StubVerifier(dtype=dtype)
+    prompt = v.tokenizer.encode("Trees of drafts, verified in one call. " * 2)
+    _spec_equals_ar(v, prompt, 48)
+    _spec_equals_ar(v, prompt, 48, sampling=SamplingParams(temperature=0.9, seed=3))  # the match rule
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hf_trees_equal_paths_as_chains_and_spec_equals_ar(tmp_path: Path, family, dtype):
+    """A tree verify against each node's path verified as a chain, then speculative decoding with trees
+    against AR and transformers' own greedy generate; gemma3's sliding layers (window 16) are passed by
+    every prompt but the shortest."""
+    pytest.importorskip("transformers")
+    from specdec.verifiers.hf import HFVerifier
+
+    v = HFVerifier(FAMILIES[family](tmp_path / family), dtype=dtype)
+    worst, same = _tree_vs_paths(v, _hf_tree, trials=4)
+    assert same if v.batch_invariant else worst < 1e-5, (worst, same)
+    prompt = list(range(3, 33))
+    ours = _spec_equals_ar(v, prompt, 40)
+    assert ours == runtime_generate(v.model, prompt, 40)  # transformers' own greedy generate
+    _spec_equals_ar(v, prompt, 40, sampling=SamplingParams(temperature=1.0, seed=5))
+
+
+def test_dflash_trees_and_lookup_branches_are_exact(tmp_path: Path):
+    from specdec.api import load_drafter
+
+    v = StubVerifier()
+    drafter = DFlashDrafter(make_model(stub_cfg()))
+    drafter.bind(v)
+    prompt = v.tokenizer.encode("def f(x):\n    return x\n\ndef f(x):\n    return x\n\ndef f(")
+    base = generate(v, prompt, cfg=DecodeConfig(max_new_tokens=40, block_size=1))
+    for d in (drafter, None):
+        if d is None:
+            drafter.save_pretrained(tmp_path / "d")
+            d = load_drafter(f"{tmp_path / 'd'}+lookup", verifier=v, block_size=8)
+        cfg = DecodeConfig(max_new_tokens=40, block_size=8, tree=TreeBudget(12))
+        spec = generate(v, prompt, drafter=d, cfg=cfg)
+        assert spec.output_tokens == base.output_tokens
+        nodes = [s.tree_nodes for s in spec.decode_steps if s.tree_nodes is not None]
+        assert all(1 <= n <= 12 for n in nodes)
+        assert max(nodes) > 8  # branches, not only a chain
+    assert d.counts["lookup"] > 0  # lookup's drafts went in as branches
+
+
+# ---- compaction, rollback, reuse ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", ["stub", "hf"])
+def test_kept_path_then_rollback_and_multi_turn_reuse(tmp_path: Path, runtime):
+    """After a tree step the cache holds exactly the accepted path: a stop string that cuts inside the
+    step rolls it back, and a second turn reusing the cache equals a fresh decode (gemma3 past its window)."""
+    if runtime == "hf":
+        pytest.importorskip("transformers")
+        from specdec.verifiers.hf import HFVerifier
+
+        v = HFVerifier(tiny_gemma3(tmp_path / "g"), dtype=torch.bfloat16)
+        prompts = [list(range(3, 30)), [*range(3, 30), 5, 6, 7]]
+    else:
+        v = StubVerifier()
+        prompts = [v.tokenizer.encode("Hello, trees. "), v.tokenizer.encode("Hello, trees. And again: ")]
+    ar = [generate(v, p, cfg=DecodeConfig(max_new_tokens=30, block_size=1)).output_tokens for p in prompts]
+    d = TreeDrafter(prompts[0] + ar[0], vocab=v.vocab_size, block_size=6, wrong_at=(len(prompts[0]) + 3,))
+    # the second turn's prompt starts with the first turn's prompt and output
+    second = prompts[0] + ar[0][:-1] + [7, 8]
+    want = generate(v, second, cfg=DecodeConfig(max_new_tokens=20, block_size=1)).output_tokens
+    engine = Engine(v, d, block_size=6, tree=TreeBudget(9))  # from here on the engine's verifier alone
+    first = engine.complete(prompts[0], max_tokens=30)
+    assert first.output_tokens == ar[0]
+    got = engine.complete(second, max_tokens=20)
+    assert got.output_tokens == want and got.reused_tokens > len(prompts[0])
+    if runtime == "stub":  # a stop string inside a tree step: the kept path is rolled back to it
+        text = v.tokenizer.decode(ar[1])
+        stop = text[len(text) // 2 : len(text) // 2 + 2]
+        cut = engine.complete(prompts[1], max_tokens=30, stop=stop)
+        assert cut.finish_reason == "stop" and text.startswith(cut.text)
+        again = engine.complete(prompts[1], max_tokens=30)
+        assert again.output_tokens == ar[1]
+
+
+def test_chat_session_with_trees_equals_fresh_decodes():
+    v, ref = StubVerifier(), StubVerifier()  # the same model; the references run on the second
+    d = TreeDrafter([], vocab=v.vocab_size, block_size=6, random_only=True)
+    session = ChatSession(Engine(v, d, block_size=6, tree=TreeBudget(6)))
+    for turn, msg in enumerate(("Hi", "And then?")):
+        ids = session.prompt_ids(msg)
+        want = generate(ref, ids, cfg=DecodeConfig(max_new_tokens=24, block_size=1)).output_tokens
+        stream = session.send(msg, max_tokens=24)
+        stream.text()
+        assert stream.result.output_tokens == want
+        assert (stream.result.reused_tokens > 0) == (turn > 0)
+
+
+# ---- T > 0: the match rule over trees keeps the distribution -----------------------------------------------
+
+
+class TreeModelDrafter(ModelDrafter):
+    """test_sampling's drafter (a second stub model's rolled next-token logits per position) as trees."""
+
+    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
+        return best_first(last_token, self.propose_logits(last_token, depth), budget)
+
+
+def _tree_joint(v: StubVerifier, sp: SamplingParams) -> Counter:
+    drafter, counts = TreeModelDrafter(), Counter()
+    for seed in range(N_SAMPLES):
+        cfg = DecodeConfig(max_new_tokens=3, block_size=4, stop_token_ids=frozenset(), tree=TreeBudget(6),
+                           sampling=SamplingParams(**{**sp.__dict__, "seed": seed}))  # fmt: skip
+        counts[tuple(generate(v, PROMPT, drafter=drafter, cfg=cfg).output_tokens)] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def small() -> StubVerifier:
+    cfg = StubConfig(vocab_size=6, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+                     max_context=64, logit_scale=1.5)  # fmt: skip
+    return StubVerifier(cfg)
+
+
+def test_tree_match_rule_distribution_is_exact(small):
+    sp = SamplingParams(temperature=1.0)
+    stat, df = chi2_stat(_tree_joint(small, sp), exact_joint(small, sp), N_SAMPLES)
+    assert stat < chi2_threshold(df, ALPHA), (stat, df)
+
+
+def test_a_broken_tree_rule_fails_the_same_test(small, monkeypatch):
+    """Every node sampled with the uniform of the step's first position (the depth index forgotten): the
+    tokens of a step become dependent. Caught."""
+
+    def broken(self, logits, depths, pos):
+        p = warp(logits, self.sp)
+        return sample_from(p, self.u(0, pos, 1, p).expand(len(depths))).tolist()
+
+    monkeypatch.setattr(Sampler, "verify_tree", broken)
+    sp = SamplingParams(temperature=1.0)
+    stat, df = chi2_stat(_tree_joint(small, sp), exact_joint(small, sp), N_SAMPLES)
+    assert stat > chi2_threshold(df, ALPHA), (stat, df)
+
+
+# ---- refusals ----------------------------------------------------------------------------------------------
+
+
+def test_trees_are_refused_where_they_cannot_run(tmp_path: Path):
+    from specdec.api import RunSpec
+    from specdec.drafting.lookup import PromptLookupDrafter
+
+    v = StubVerifier()
+    prompt = [1, 2, 3]
+    tree = TreeBudget(4)
+    with pytest.raises(ValueError, match="cannot propose trees"):
+        generate(v, prompt, drafter=PromptLookupDrafter(), cfg=DecodeConfig(block_size=4, tree=tree))
+    d = TreeDrafter([], vocab=v.vocab_size, block_size=6)
+    for sp, match in (
+        (SamplingParams(temperature=1.0, rule="rejection"), "rule rejection needs a chain"),
+        (SamplingParams(temperature=1.0, proposal="sample"), "proposal sample needs a chain"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            generate(v, prompt, drafter=d, cfg=DecodeConfig(block_size=4, tree=tree, sampling=sp))
+    for kw, match in (
+        ({"verifier": "mlx", "model": "smollm2-135m", "drafter": "bundled:smollm2-135m"}, "does not verify"),
+        ({"drafter": "prompt-lookup"}, "needs a DFlash drafter"),
+        ({"drafter": "model:smollm2-135m"}, "needs a DFlash drafter"),
+        ({"tree": 1}, "node count >= 2"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            RunSpec(**{"drafter": "x", "tree": 4, **kw})._check_tree()
+
+
+@pytest.mark.hf
+def test_hybrid_models_refuse_trees(tmp_path: Path):
+    pytest.importorskip("transformers")
+    from specdec.verifiers.hf import HFVerifier
+
+    v = HFVerifier(tiny_qwen3_5(tmp_path / "q"))
+    d = TreeDrafter([], vocab=v.vocab_size, block_size=6)
+    with pytest.raises(ValueError, match="Gated DeltaNet"):
+        generate(v, [3, 4, 5], drafter=d, cfg=DecodeConfig(block_size=4, tree=TreeBudget(4)))
