@@ -14,6 +14,9 @@ With `--corpus DIR` it also replays n-grams of the verifier's own answers in a t
 (`specdec.drafting.ngrams.CorpusNgrams`, the engine's `--corpus`), tried where lookup has nothing, alone and
 before DFlash blocks at the cut P that is best with `+lookup`. Last comes the engine's `--min-confidence
 auto` with `+lookup` (and the corpus where given): every draft cut by the verify costs measured here.
+With `--tree N ...` it also walks the trees the engine verifies with `--tree N` (`replay_tree`: the
+drafter's top candidates at each block position, recorded in the same pass), alone and `+lookup`, each
+step charged a tree verify of its size as measured here (`specdec.costs.measure_tree_costs`).
 
     python -m specdec.evals.replay --model smollm2-135m --drafter bundled:smollm2-135m \\
         --dataset humaneval --limit 20 --grid 0 0.2 0.4 0.6 0.8

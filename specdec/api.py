@@ -19,10 +19,10 @@ import torch
 
 from specdec.bundled import bundled_corpus, bundled_drafter
 from specdec.chat import encode_prompt
-from specdec.costs import VerifyCosts, choose_block
+from specdec.costs import VerifyCosts, choose_block, measure_tree_costs
 from specdec.drafting.lookup import LOOKUP_BLOCK_SIZE
 from specdec.engine import DecodeConfig, check_request, generate
-from specdec.protocols import Describes, Drafter, Verifier
+from specdec.protocols import Describes, Drafter, TreeVerify, Verifier
 from specdec.records import (
     JsonlWriter,
     PromptResult,
@@ -452,7 +452,7 @@ def load(spec: RunSpec, *, log: Callable[[str], None] = _log) -> Loaded:
     )
     log(f"dtype {dtype} ({why})")
     costs = None
-    if spec.auto_block or spec.auto_cut or spec.auto_tree:
+    if spec.auto_block or spec.auto_cut:
         costs = VerifyCosts.from_table(table, source=spec.costs) if table else VerifyCosts.measure(verifier)
     cut_costs = costs if spec.auto_cut else None
     drafter = drafter_for(spec, verifier, dtype=dtype, costs=cut_costs)
@@ -464,12 +464,30 @@ def load(spec: RunSpec, *, log: Callable[[str], None] = _log) -> Loaded:
             log(f"block size {block}: {why_block}")
         if spec.auto_cut:
             log("drafts cut where they commit the most tokens per verify cost")
-    tree = None
-    if spec.tree is not None and drafter is not None:
-        auto = spec.auto_tree
-        tree = TreeBudget(TREE_AUTO_NODES if auto else int(spec.tree), costs=costs if auto else None)
-        log(f"trees of up to {tree.nodes} nodes" + (", as many as pay for their verify cost" if auto else ""))
+    tree = _tree_budget(spec, verifier, table, log) if drafter is not None else None
     return Loaded(verifier, drafter, block, dtype, why, cut_costs, tree)
+
+
+def _tree_budget(
+    spec: RunSpec, verifier: Verifier, table: dict[str, Any] | None, log: Callable[[str], None]
+) -> TreeBudget | None:
+    """`--tree N`, or for `--tree auto` up to TREE_AUTO_NODES nodes priced by the `--costs` table (a chain's:
+    the best figure there is offline) or, without one, by tree verifies timed here and now."""
+    if spec.tree is None:
+        return None
+    if not spec.auto_tree:
+        log(f"trees of up to {spec.tree} nodes")
+        return TreeBudget(int(spec.tree))
+    if table:
+        costs = VerifyCosts.from_table(table, source=spec.costs)
+    else:
+        if isinstance(verifier, TreeVerify):
+            verifier.check_tree()  # before timing trees the model cannot verify
+        _, seconds = measure_tree_costs(verifier, sizes=(1, 2, 4, 8, 16, TREE_AUTO_NODES))
+        costs = VerifyCosts.from_seconds(seconds, source="measured tree verifies")
+    log(costs.summary())
+    log(f"trees of up to {TREE_AUTO_NODES} nodes, as many as pay for their verify cost")
+    return TreeBudget(TREE_AUTO_NODES, costs=costs)
 
 
 def drafter_for(

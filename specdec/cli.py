@@ -34,6 +34,7 @@ def summary_line(summary: dict) -> str:
         f"tau {tau:.2f}" if tau is not None else "tau n/a",
         f"{tps:.1f} tok/s" if tps is not None else "tok/s n/a",
         f"ttft {summary['ttft_s'] * 1e3:.0f} ms" if summary["ttft_s"] else "ttft n/a",
+        *([f"tree {summary['tree_nodes_mean']:.1f} nodes"] if summary.get("tree_nodes_mean") else []),
         *(f"peak[{rt}] {format_bytes(rec)}" for rt, rec in mem.items()),
     ]
     if summary.get("speedup") is not None:

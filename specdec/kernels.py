@@ -39,7 +39,7 @@ import math
 import platform
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +47,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 __all__ = [
     "HALF", "KEY_ALIGN", "PACKED_ROWS", "CPULinear", "batch_invariant", "invariant_attention", "linear_fn",
-    "linear_shapes", "onednn_usable", "packed_weight", "use_cpu_linears", "verify_equals_steps",
+    "linear_shapes", "onednn_usable", "packed_weight", "tree_lane", "use_cpu_linears", "verify_equals_steps",
 ]  # fmt: skip
 
 LinearFn = Callable[..., torch.Tensor]
@@ -244,7 +244,8 @@ class _Steppable(Protocol):
     vocab_size: int
 
     def reset(self) -> None: ...
-    def forward(self, tokens: Sequence[int]) -> torch.Tensor: ...
+    def forward(self, tokens: Sequence[int], **kw: Any) -> torch.Tensor: ...
+    def rollback(self, n: int) -> None: ...
 
 
 def verify_equals_steps(verifier: _Steppable, *, n_prompt: int = KEY_ALIGN - 4, n_block: int = 8) -> bool:
@@ -260,6 +261,38 @@ def verify_equals_steps(verifier: _Steppable, *, n_prompt: int = KEY_ALIGN - 4, 
     steps = torch.cat([verifier.forward([t]) for t in ids[n_prompt:]])  # [n_block, V]
     verifier.reset()
     return torch.equal(block, steps)
+
+
+def tree_lane(
+    verifier: _Steppable, device: torch.device | str, *, n_prompt: int = KEY_ALIGN - 4
+) -> int | None:
+    """The narrowest lane spacing of the tree key layout (`specdec.tree.TREE_LANES`) with which a tree
+    verify gives every node bit for bit the logits of its path verified as a chain, on this verifier's own
+    model here (a tree with branches at several depths, after a prompt whose keys cross an alignment
+    boundary); None where none does. Runs on the verifier's cache: call it on a fresh verifier; leaves it
+    reset."""
+    from specdec.tree import TREE_LANES, Tree, TreeAttention
+
+    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + 10)]
+    tree = Tree(ids[n_prompt:], [-1, 0, 0, 0, 1, 1, 2, 4, 4, 7])  # three branches, four deep
+    verifier.reset()
+    verifier.forward(ids[:n_prompt])
+    want = []
+    for i in range(len(tree)):
+        path = [i]
+        while (p := tree.parents[path[-1]]) >= 0:
+            path.append(p)
+        want.append(verifier.forward([tree.tokens[j] for j in reversed(path)])[-1])  # [V]
+        verifier.rollback(len(path))
+    found = None
+    for lane in TREE_LANES:
+        got = verifier.forward(tree.tokens, tree=TreeAttention(tree, n_prompt, device, lane=lane))  # [N, V]
+        verifier.rollback(len(tree))
+        if all(torch.equal(got[i], w) for i, w in enumerate(want)):
+            found = lane
+            break
+    verifier.reset()
+    return found
 
 
 def use_cpu_linears(module: torch.nn.Module) -> int:

@@ -26,7 +26,8 @@ from typing import Protocol
 import torch
 
 __all__ = [
-    "TREE_AUTO_NODES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget", "best_first", "best_first_of",
+    "TREE_AUTO_NODES", "TREE_LANES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget", "best_first",
+    "best_first_of",
 ]  # fmt: skip
 
 #: the most nodes `--tree auto` considers (a 2-core CPU's verify costs rule out far fewer)
@@ -34,8 +35,10 @@ TREE_AUTO_NODES = 32
 
 #: candidates per block position a tree may branch into (DDTree's trees of <= 64 nodes rarely use more)
 TREE_TOPK = 8
-#: node slots of a tree in `invariant_attention`'s key layout are spaced by this (its KEY_ALIGN)
-_ALIGN = 64
+#: the lane spacings a verifier tries, narrowest first, when it measures which one keeps a tree verify
+#: equal to its paths verified as chains (`specdec.kernels.tree_lane`): 16 is the fp32 vector width of
+#: AVX-512 softmax reductions (a multiple of AVX2's 8), 64 `invariant_attention`'s key alignment
+TREE_LANES = (16, 64)
 
 
 @dataclass(frozen=True)
@@ -182,11 +185,16 @@ class TreeAttention:
     itself.
 
     `slots`: where each key goes in `specdec.kernels.invariant_attention`'s layout, so that a node's row
-    reduces over its visible keys exactly as the same path verified as a chain does: the root and a node at
-    depth d land at an index congruent to the chain's modulo the key alignment, and along every root path
-    in increasing order (so the reductions add the same terms in the same order, with exact zeros between)."""
+    reduces over its visible keys exactly as the same path verified as a chain does: a node at depth d lands
+    at an index congruent to the chain's (d after the root) modulo `lane`, and along every root path in
+    increasing order (so the reductions add the same terms in the same order, with exact zeros between).
+    Nodes that share a depth take lanes `lane` apart (a multiple of `lane` above the tree's depth). Which
+    `lane` keeps the rows bit for bit is the verifier's measurement (`specdec.kernels.tree_lane`); the
+    layout costs attention over that many masked keys per extra lane."""
 
-    def __init__(self, tree: Tree, root_position: int, device: torch.device | str) -> None:
+    def __init__(
+        self, tree: Tree, root_position: int, device: torch.device | str, *, lane: int = TREE_LANES[-1]
+    ) -> None:
         depths = tree.depths
         T = len(tree)
         anc = torch.zeros(T, T, dtype=torch.bool)
@@ -194,22 +202,24 @@ class TreeAttention:
             if p >= 0:
                 anc[i] = anc[p]
             anc[i, i] = True
-        lane: list[int] = []  # per node: which copy of the alignment block it sits in
+        lanes: list[int] = []  # per node: which lane it sits in
         used: set[tuple[int, int]] = set()
         for i, p in enumerate(tree.parents):
-            j = lane[p] if p >= 0 else 0  # never below the parent's, so every path goes forward
+            j = lanes[p] if p >= 0 else 0  # never below the parent's, so every path goes forward
             while (depths[i], j) in used:
                 j += 1
             used.add((depths[i], j))
-            lane.append(j)
+            lanes.append(j)
         self.size = T
         self.root = root_position
         self.device = torch.device(device)
         self.depth = torch.tensor(depths, device=self.device)  # [T]
         self.positions = self.depth + root_position  # [T] absolute position of each node
         self.ancestors = anc.to(self.device)  # [T, T] node i sees node j
-        self._offset = torch.tensor([d + _ALIGN * j for d, j in zip(depths, lane)], device=self.device)
-        self.span = max(d + _ALIGN * j for d, j in zip(depths, lane)) + 1  # layout length of the tree part
+        step = lane * -(-(max(depths) + 1) // lane)  # [lane, 2 lane, ...]: above every depth
+        offsets = [d + step * j for d, j in zip(depths, lanes)]
+        self._offset = torch.tensor(offsets, device=self.device)
+        self.span = max(offsets) + 1  # layout length of the tree part
         self._masks: dict[tuple[int, int | None], torch.Tensor] = {}
 
     def mask(self, ctx: int, window: int | None = None) -> torch.Tensor:

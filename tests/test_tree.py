@@ -130,18 +130,11 @@ def _tree_vs_paths(v, forward_tree, trials: int = 6) -> tuple[float, bool]:
 
 
 def _stub_tree(v: StubVerifier, tree: Tree) -> torch.Tensor:
-    return v.forward(tree.tokens, tree=TreeAttention(tree, v.position, "cpu"))
+    return v.forward(tree.tokens, tree=TreeAttention(tree, v.position, "cpu", lane=v.tree_lane))
 
 
 def _hf_tree(v, tree: Tree) -> torch.Tensor:
-    from specdec.verifiers import hf
-
-    att = TreeAttention(tree, v.position, v.device)
-    token = hf._TREE.set(att)
-    try:
-        return v.forward(tree.tokens, positions=att.positions)
-    finally:
-        hf._TREE.reset(token)
+    return v.forward(tree.tokens, tree=TreeAttention(tree, v.position, v.device, lane=v.tree_lane))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

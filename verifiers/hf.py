@@ -46,12 +46,13 @@ from specdec.kernels import (
     invariant_attention,
     linear_fn,
     linear_shapes,
+    tree_lane,
     use_cpu_linears,
     verify_equals_steps,
 )
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
-from specdec.tree import Tree, TreeAttention
+from specdec.tree import TREE_LANES, Tree, TreeAttention
 
 __all__ = ["EXACT_ROLLBACK_LAYER_TYPES", "HFVerifier"]
 
@@ -276,6 +277,9 @@ class HFVerifier:
             and batch_invariant(dtype, str(device), linear_shapes(model))
             and verify_equals_steps(self)
         )
+        #: the tree key layout's lane spacing that keeps a tree verify bit for bit equal to its paths verified
+        #: as chains on this model here (measured where the verify is batch-invariant; None: none does)
+        self.tree_lane = tree_lane(self, self.device) if self.batch_invariant else TREE_LANES[-1]
 
     # ---- loading -------------------------------------------------------------------------------------
 
@@ -390,17 +394,15 @@ class HFVerifier:
             why = "its attention sinks are not in the tree attention"
         elif not self._own_attention:
             why = f"it runs {self.model.config._attn_implementation!r} attention (trees need sdpa)"
+        elif self.tree_lane is None:
+            why = f"no tree layout verifies its {self.dtype} trees bit for bit here (measured at load)"
         if why:
             name = f"{self.model_name} ({self.config.model_type})"
             raise ValueError(f"{name} cannot verify trees: {why}; use a chain")
 
     def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
-        att = TreeAttention(tree, self._pos, self.device)
-        reset = _TREE.set(att)  # read by our attention functions on this thread
-        try:
-            logits = self.forward(tree.tokens, positions=att.positions)  # [N, V]
-        finally:
-            _TREE.reset(reset)
+        att = TreeAttention(tree, self._pos, self.device, lane=self.tree_lane or TREE_LANES[-1])
+        logits = self.forward(tree.tokens, tree=att)  # [N, V]
         self._tree_size = len(tree)
         return sample(logits) if sample else logits.argmax(-1).tolist()
 
@@ -422,10 +424,10 @@ class HFVerifier:
 
     @torch.inference_mode()
     def forward(
-        self, tokens: Sequence[int], *, last_only: bool = False, positions: torch.Tensor | None = None
+        self, tokens: Sequence[int], *, last_only: bool = False, tree: TreeAttention | None = None
     ) -> torch.Tensor:
-        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). `positions` [T]: their
-        positions where they are not the next T (a tree's nodes)."""
+        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). With `tree`, `tokens` are
+        a tree's nodes: positions by depth, each seeing the cache and its ancestors (`_attend_tree`)."""
         T = len(tokens)
         if T == 0:
             raise ValueError("no tokens to process")
@@ -441,10 +443,14 @@ class HFVerifier:
         record = T <= MAX_RECORDED
         for la in self._linear:  # one state per position, the recurrence run token by token
             la.recurrent_states_to_keep = T if record else 0
-        pos = None if positions is None else positions[None]  # [1, T]
-        out = self.model(
-            input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=keep, position_ids=pos
-        )
+        pos = None if tree is None else tree.positions[None]  # [1, T]
+        reset = _TREE.set(tree)  # read by our attention functions, on this thread only
+        try:
+            out = self.model(
+                input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=keep, position_ids=pos
+            )
+        finally:
+            _TREE.reset(reset)
         self._pos += T
         self._since_crop += T
         self._recorded = self._recorded + T if record else 0

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.kernels import batch_invariant, invariant_attention, linear_fn, verify_equals_steps
+from specdec.kernels import batch_invariant, invariant_attention, linear_fn, tree_lane, verify_equals_steps
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn, check_layer_ids
-from specdec.tree import Tree, TreeAttention
+from specdec.tree import TREE_LANES, Tree, TreeAttention
 
 BOS, EOS, PAD = 256, 257, 258
 
@@ -130,6 +130,8 @@ class StubVerifier:
         self.batch_invariant = (
             self.invariant and batch_invariant(dtype, "cpu", shapes) and verify_equals_steps(self)
         )
+        # the tree layout that keeps tree verifies bit for bit (see `HFVerifier.tree_lane`)
+        self.tree_lane = tree_lane(self, "cpu") if self.batch_invariant else TREE_LANES[-1]
 
     @property
     def position(self) -> int:
@@ -145,7 +147,10 @@ class StubVerifier:
         self._pos, self._captured = 0, None
 
     def check_tree(self) -> None:
-        return None  # attention only: every tree verifies exactly
+        if self.tree_lane is None:
+            raise ValueError(
+                f"no tree layout verifies {self.model_name}'s {self.dtype} trees bit for bit here"
+            )
 
     @torch.inference_mode()
     def forward(
@@ -202,7 +207,8 @@ class StubVerifier:
         return sample(logits) if sample else logits.argmax(-1).tolist()
 
     def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
-        logits = self.forward(tree.tokens, tree=TreeAttention(tree, self._pos, "cpu"))  # [N, V]
+        lane = self.tree_lane or TREE_LANES[-1]
+        logits = self.forward(tree.tokens, tree=TreeAttention(tree, self._pos, "cpu", lane=lane))  # [N, V]
         self._tree_size = len(tree)
         return sample(logits) if sample else logits.argmax(-1).tolist()
 
