@@ -267,9 +267,9 @@ def replay_tree(
 ) -> ReplayResult:
     """Walk each trace as the engine does with `--tree nodes` (the DFlash drafter's `best_first` tree;
     with `lookup`, `LookupFirstDrafter.propose_tree`: lookup's draft as a branch of its own, the DFlash
-    tree in the rest of the budget). A step is charged `costs[len(tree)]` (seconds of a tree verify of
-    that many nodes, interpolated: `measure_tree_costs`) plus the drafter's time, which every tree step
-    spends."""
+    tree in the rest of the budget, or lookup's draft alone where it takes the whole budget). A step is
+    charged `costs[len(tree)]` (seconds of a tree verify of that many nodes, interpolated:
+    `measure_tree_costs`) plus the drafter's time where it ran."""
     sizes = sorted(costs) if costs else []
 
     def cost(b: int) -> float:
@@ -283,18 +283,20 @@ def replay_tree(
         while i < len(out) - 1:
             pos = tr.positions[i]
             k = min(block_size - 1, limit - (i + 1) - 1)
-            tree = Tree([out[i]], [-1])
+            tree, ran = Tree([out[i]], [-1]), False
             if k > 0:
-                branch = list(pos.lookup[: min(k, nodes - 1)]) if lookup else []
+                branch = list(pos.lookup[:k]) if lookup else []
                 depth = min(k, len(pos.candidates))
-                rest = TreeBudget(nodes - len(branch))
-                tree = best_first_of(out[i], pos.candidate_logp[:depth], pos.candidates[:depth], rest)
+                ran = not branch or nodes - len(branch) > 1  # else lookup's draft alone, as a chain
+                if ran:
+                    top = TreeBudget(nodes - len(branch))
+                    tree = best_first_of(out[i], pos.candidate_logp[:depth], pos.candidates[:depth], top)
                 tree = tree.with_branch(branch)
                 n_nodes, tree_steps = n_nodes + len(tree), tree_steps + 1
             a = len(tree.accept_along(out[i + 1 :])) - 1
             steps, accepted_plus_one = steps + 1, accepted_plus_one + a + 1
             if costs:
-                spent += cost(len(tree)) + (draft_s if k > 0 else 0.0)
+                spent += cost(len(tree)) + (draft_s if ran else 0.0)
             i += a + 1
         tokens += len(out) - 1
         ar += (len(out) - 1) * cost(1) if costs else 0.0

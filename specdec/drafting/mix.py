@@ -103,13 +103,18 @@ class LookupFirstDrafter:
         return chosen.tokens
 
     def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
-        """The wrapped drafter's tree (a chain where it has none) with lookup's or the corpus's draft as a
-        branch of its own: every step runs the wrapped drafter, in what the branch leaves of the budget."""
-        chosen = self._choose(last_token, min(depth, budget.nodes - 1))
+        """Lookup's or the corpus's draft as a branch of its own, and the wrapped drafter's tree (a chain
+        where it has none) in what the branch leaves of the budget. A branch that takes the whole budget is
+        verified alone, as a chain, however long (what `propose` would verify), and the drafter skipped."""
+        chosen = self._choose(last_token, depth)
         branch = chosen.tokens if chosen is not None else []
-        self.counts[chosen.source if chosen is not None else "drafter"] += 1
-        inner = min(depth, self.drafter.block_size - 1)
+        if chosen is not None:
+            self.counts[chosen.source] += 1  # a tree step with a branch counts for both sources
+            if budget.nodes - len(branch) <= 1:
+                return Tree.chain(last_token, branch)
+        self.counts["drafter"] += 1
         rest = replace(budget, nodes=budget.nodes - len(branch))
+        inner = min(depth, self.drafter.block_size - 1)
         if isinstance(self.drafter, TreeProposals):
             tree = self.drafter.propose_tree(last_token, inner, rest)
         else:
