@@ -172,6 +172,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_of(args: argparse.Namespace) -> SamplingParams:
+    """The sampling options (with the drafter's: a tree is verified by the match rule of argmax trees)."""
+    if args.tree is not None and (args.rule, args.proposal) != ("match", "argmax"):
+        raise ValueError("--tree verifies with --rule match and --proposal argmax; give those, or no --tree")
     return SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed,
         rule=args.rule, proposal=args.proposal,

@@ -319,7 +319,7 @@ def test_a_broken_tree_rule_fails_the_same_test(small, monkeypatch):
 # ---- refusals ----------------------------------------------------------------------------------------------
 
 
-def test_trees_are_refused_where_they_cannot_run(tmp_path: Path):
+def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
     from specdec.api import RunSpec
     from specdec.drafting.lookup import PromptLookupDrafter
 
@@ -343,6 +343,12 @@ def test_trees_are_refused_where_they_cannot_run(tmp_path: Path):
     ):
         with pytest.raises(ValueError, match=match):
             RunSpec(**{"drafter": "x", "tree": 4, **kw})._check_tree()
+    # on the command line (a server too: its requests would all be refused), before anything loads
+    from specdec.cli import main
+
+    for flags in (["--rule", "rejection"], ["--proposal", "sample"]):
+        argv = ["generate", "--verifier", "stub", "--drafter", "x", "--tree", "4", "--prompt", "hi", *flags]
+        assert main(argv) == 2 and "--tree verifies with --rule match" in capsys.readouterr().err
 
 
 @pytest.mark.hf
@@ -354,3 +360,20 @@ def test_hybrid_models_refuse_trees(tmp_path: Path):
     d = TreeDrafter([], vocab=v.vocab_size, block_size=6)
     with pytest.raises(ValueError, match="Gated DeltaNet"):
         generate(v, [3, 4, 5], drafter=d, cfg=DecodeConfig(block_size=4, tree=TreeBudget(4)))
+
+
+def test_tree_auto_prices_nodes_by_tree_verifies_timed_at_load(tmp_path: Path):
+    from specdec.api import RunSpec, load
+    from specdec.tree import TREE_AUTO_NODES
+
+    DFlashDrafter(make_model(stub_cfg())).save_pretrained(tmp_path / "d")
+    lines: list[str] = []
+    m = load(RunSpec(drafter=f"{tmp_path / 'd'}+lookup", tree="auto"), log=lines.append)
+    assert m.tree is not None and m.tree.nodes == TREE_AUTO_NODES and m.tree.costs is not None
+    assert any("measured tree verifies" in line for line in lines)
+    prompt = m.verifier.tokenizer.encode("auto trees, auto trees, auto")
+    base = generate(m.verifier, prompt, cfg=DecodeConfig(max_new_tokens=24, block_size=1)).output_tokens
+    cfg = DecodeConfig(max_new_tokens=24, block_size=m.block_size, tree=m.tree)
+    assert generate(m.verifier, prompt, drafter=m.drafter, cfg=cfg).output_tokens == base
+    fixed = load(RunSpec(drafter=str(tmp_path / "d"), tree=6), log=lines.append)
+    assert fixed.tree == TreeBudget(6)
