@@ -43,7 +43,7 @@ from specdec.drafting.ngrams import CorpusNgrams, chances_of, check_corpus, load
 from specdec.drafting.policy import Calibration, Draft, DraftPolicy
 from specdec.engine import DecodeConfig, common_prefix_len
 from specdec.protocols import Verifier
-from specdec.tree import TREE_TOPK, Tree, TreeBudget, best_first_of
+from specdec.tree import TREE_AUTO_NODES, TREE_TOPK, Tree, TreeBudget, best_first_of
 
 __all__ = [
     "Position",
@@ -159,6 +159,7 @@ class ReplayResult:
     corpus: float | None = None  # the cut of corpus n-gram drafts, tried after lookup; None: not used
     by_cost: bool = False  # `--min-confidence auto`: every draft cut by verify costs (`replay(cut_by=)`)
     tree: int | None = None  # `--tree N`: trees of up to N nodes (`replay_tree`); None: chains
+    tree_auto: bool = False  # `--tree auto`: as many of those nodes as pay for their verify cost
     tree_nodes_mean: float | None = None  # nodes a tree step verified, on average
 
 
@@ -264,12 +265,14 @@ def replay_tree(
     max_new_tokens: int | None = None,
     costs: Mapping[int, float] | None = None,
     draft_s: float = 0.0,
+    cut_by: VerifyCosts | None = None,
 ) -> ReplayResult:
     """Walk each trace as the engine does with `--tree nodes` (the DFlash drafter's `best_first` tree;
     with `lookup`, `LookupFirstDrafter.propose_tree`: lookup's draft as a branch of its own, the DFlash
     tree in the rest of the budget, or lookup's draft alone where it takes the whole budget). A step is
     charged `costs[len(tree)]` (seconds of a tree verify of that many nodes, interpolated:
-    `measure_tree_costs`) plus the drafter's time where it ran."""
+    `measure_tree_costs`) plus the drafter's time where it ran. `cut_by`: `--tree auto`, each DFlash tree
+    cut by these verify costs."""
     sizes = sorted(costs) if costs else []
 
     def cost(b: int) -> float:
@@ -289,7 +292,7 @@ def replay_tree(
                 depth = min(k, len(pos.candidates))
                 ran = not branch or nodes - len(branch) > 1  # else lookup's draft alone, as a chain
                 if ran:
-                    top = TreeBudget(nodes - len(branch))
+                    top = TreeBudget(nodes - len(branch), costs=cut_by)
                     tree = best_first_of(out[i], pos.candidate_logp[:depth], pos.candidates[:depth], top)
                 tree = tree.with_branch(branch)
                 n_nodes, tree_steps = n_nodes + len(tree), tree_steps + 1
@@ -302,7 +305,7 @@ def replay_tree(
         ar += (len(out) - 1) * cost(1) if costs else 0.0
     return ReplayResult(
         0.0, lookup, True, accepted_plus_one / max(steps, 1), steps, tokens,
-        ar / spent if costs and spent else None, tree=nodes,
+        ar / spent if costs and spent else None, tree=nodes, tree_auto=cut_by is not None,
         tree_nodes_mean=n_nodes / tree_steps if tree_steps else None,
     )  # fmt: skip
 
@@ -409,7 +412,7 @@ def _run(args: argparse.Namespace) -> int:
     print("verify ms by tokens:", {b: round(c * 1e3, 1) for b, c in costs.items()})
     tree_costs = None
     if args.tree:  # a tree of N nodes against a chain of N tokens, same context, interleaved
-        sizes = sorted({1, 2, *args.tree})
+        sizes = sorted({1, 2, 4, 8, 16, TREE_AUTO_NODES, *args.tree})
         chain_s, tree_costs = measure_tree_costs(verifier, context=ctx, sizes=sizes)
         print("chain vs tree verify ms:", {n: (round(chain_s[n] * 1e3, 1), round(tree_costs[n] * 1e3, 1))
                                            for n in sizes})  # fmt: skip
@@ -434,9 +437,18 @@ def _run(args: argparse.Namespace) -> int:
                         costs=tree_costs, draft_s=draft_s)
             for n in args.tree for lk in (False, True)
         ]  # fmt: skip
+        if tree_costs:  # --tree auto: up to TREE_AUTO_NODES, priced by the tree verifies timed above
+            by_tree = VerifyCosts.from_seconds(tree_costs, source="measured tree verifies")
+            rows += [
+                replay_tree(tr, nodes=TREE_AUTO_NODES, lookup=lk, block_size=bs,
+                            max_new_tokens=args.max_new_tokens, costs=tree_costs, draft_s=draft_s,
+                            cut_by=by_tree)
+                for lk in (False, True)
+            ]  # fmt: skip
         for r in rows:
             if r.tree is not None:
-                policy = f"tree {r.tree}{' +lookup' if r.lookup else ''} ({r.tree_nodes_mean:.1f} nodes)"
+                size = "auto" if r.tree_auto else r.tree
+                policy = f"tree {size}{' +lookup' if r.lookup else ''} ({r.tree_nodes_mean:.1f} nodes)"
             elif r.by_cost:
                 policy = "+lookup" + (" +corpus" if corpus else "") + " cut by cost (auto)"
             elif r.corpus is not None:

@@ -449,17 +449,20 @@ def test_tree_replay_equals_the_engine_on_the_stub(lookup):
     probe = DFlashDrafter(model)
     probe.bind(verifier)
     trace = record(verifier, probe, prompt, base)
-    for nodes in (2, 6, 16):
+    from specdec.costs import VerifyCosts
+
+    auto = VerifyCosts(tuple(1 + 0.04 * b for b in range(32)), source="test")  # --tree auto's cut
+    for nodes, cut in ((2, None), (6, None), (16, None), (32, auto)):
         drafter = DFlashDrafter(model)
         drafter.bind(verifier)
         bs = drafter.block_size
         if lookup:
             drafter = LookupFirstDrafter(drafter, block_size=bs)
-        cfg = DecodeConfig(max_new_tokens=n, block_size=bs, tree=TreeBudget(nodes))
+        cfg = DecodeConfig(max_new_tokens=n, block_size=bs, tree=TreeBudget(nodes, costs=cut))
         res = generate(verifier, prompt, drafter=drafter, cfg=cfg)
         assert res.output_tokens == base
         steps = res.decode_steps
-        r = replay_tree([trace], nodes=nodes, lookup=lookup, block_size=bs, max_new_tokens=n)
+        r = replay_tree([trace], nodes=nodes, lookup=lookup, block_size=bs, max_new_tokens=n, cut_by=cut)
         assert r.steps == len(steps) and r.tau == pytest.approx(
             statistics.mean(s.acceptance_length for s in steps)
         )
