@@ -401,8 +401,6 @@ class RunSpec:
         base = self.drafter.removesuffix("+lookup")
         if base in ("none", "prompt-lookup") or base.startswith("model:"):
             raise ValueError(f"--tree needs a DFlash drafter (optionally +lookup), not {self.drafter!r}")
-        if self.verifier == "mlx":
-            raise ValueError("the mlx verifier does not verify trees yet: --tree needs --verifier hf or stub")
 
     def _cost_table(self) -> dict[str, Any] | None:
         if not (self.auto_block or self.auto_cut or self.auto_tree):

@@ -128,7 +128,7 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
         "--tree", type=or_auto(at_least(2)),
         help="verify a tree of up to N drafts per step (the last token included) built best first from the "
         "drafter's candidates at each block position, instead of one chain (DFlash drafters, optionally "
-        "+lookup; hf and stub verifiers); auto: as many as pay for their verify cost (tree verifies timed at "
+        "+lookup; attention-only models); auto: as many as pay for their verify cost (tree verifies timed at "
         "load, or the --costs table)",
     )  # fmt: skip
     p.add_argument(

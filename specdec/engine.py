@@ -103,7 +103,7 @@ def check_tree(verifier: Verifier, drafter: Drafter, sampling: SamplingParams | 
             f"drafter {drafter.name!r} cannot propose trees: --tree needs a DFlash drafter (or one +lookup)"
         )
     if not isinstance(verifier, TreeVerify):
-        raise ValueError(f"the {verifier.runtime} verifier does not verify trees; use --verifier hf or stub")
+        raise ValueError(f"the {verifier.runtime} verifier does not verify trees; use a chain")
     verifier.check_tree()
     if sampling is not None and not sampling.greedy and sampling.rule != "match":
         raise ValueError("a tree is verified with the match rule at T > 0; --rule rejection needs a chain")

@@ -271,10 +271,10 @@ def tree_lane(
     model here (a tree with branches at several depths, after a prompt whose keys cross an alignment
     boundary); None where none does. Runs on the verifier's cache: call it on a fresh verifier; leaves it
     reset."""
-    from specdec.tree import TREE_LANES, Tree, TreeAttention
+    from specdec.tree import PROBE_PARENTS, TREE_LANES, Tree, TreeAttention
 
-    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + 10)]
-    tree = Tree(ids[n_prompt:], [-1, 0, 0, 0, 1, 1, 2, 4, 4, 7])  # three branches, four deep
+    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + len(PROBE_PARENTS))]
+    tree = Tree(ids[n_prompt:], list(PROBE_PARENTS))
     verifier.reset()
     verifier.forward(ids[:n_prompt])
     want = []

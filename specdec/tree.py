@@ -26,9 +26,12 @@ from typing import Protocol
 import torch
 
 __all__ = [
-    "TREE_AUTO_NODES", "TREE_LANES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget", "best_first",
-    "best_first_of",
+    "PROBE_PARENTS", "TREE_AUTO_NODES", "TREE_LANES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget",
+    "best_first", "best_first_of",
 ]  # fmt: skip
+
+#: the shape of the tree verifiers measure their tree verify with: three branches at the root, four deep
+PROBE_PARENTS = (-1, 0, 0, 0, 1, 1, 2, 4, 4, 7)
 
 #: the most nodes `--tree auto` considers (a 2-core CPU's verify costs rule out far fewer)
 TREE_AUTO_NODES = 32

@@ -288,3 +288,18 @@ def test_unreadable_checkpoints_are_clear_errors(tmp_path):
     weights.unlink()
     with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
         MLXDFlashDrafter.from_pretrained(ckpt)
+
+
+def test_trees_match_the_torch_drafter_and_are_exact(tmp_path):
+    """`--tree` with the MLX drafter on the MLX verifier: the same trees as the torch drafter (draft
+    vocabulary included), hence the same steps, and the output equals greedy decoding."""
+    from specdec.tree import TreeBudget
+
+    v = MLXVerifier(tinymodels.tiny_llama(tmp_path / "llama"))
+    t, m = _pair(_checkpoint(tmp_path / "ckpt", v, draft_vocab=True), v)
+    prompt = [(7 * i) % 300 + 3 for i in range(40)]
+    cfg = DecodeConfig(max_new_tokens=40, block_size=8, stop_token_ids=frozenset(), tree=TreeBudget(10))
+    a, b = generate(v, prompt, drafter=t, cfg=cfg), generate(v, prompt, drafter=m, cfg=cfg)
+    assert a.output_tokens == b.output_tokens == greedy_reference(v, prompt, 40)
+    assert [(s.tree_nodes, s.accepted) for s in a.steps] == [(s.tree_nodes, s.accepted) for s in b.steps]
+    assert max(s.tree_nodes or 0 for s in b.steps) == 10

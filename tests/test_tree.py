@@ -222,10 +222,52 @@ def test_dflash_trees_and_lookup_branches_are_exact(tmp_path: Path):
     assert d.counts["lookup"] > 0  # lookup's drafts went in as branches
 
 
+class _MLXRows:
+    """An MLX verifier's forward as `_tree_vs_paths` reads it: logits [T, V] as a torch tensor."""
+
+    def __init__(self, v) -> None:
+        self.v, self.vocab_size = v, v.vocab_size
+
+    def reset(self) -> None:
+        self.v.reset()
+
+    def forward(self, tokens: list[int], tree: TreeAttention | None = None) -> torch.Tensor:
+        import mlx.core as mx
+        import numpy as np
+
+        logits = self.v._forward(tokens, last_only=False, tree=tree).astype(mx.float32)  # [T, V]
+        return torch.from_numpy(np.array(logits))
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mlx_trees_equal_paths_as_chains_and_spec_equals_ar(tmp_path: Path, family, dtype):
+    """The MLX verifier: each node at its own position through the layers' RoPE, the tree's mask from
+    its caches; bit for bit its paths' logits (mlx-cpu), spec == AR (== mlx_lm's own greedy, fp32)."""
+    pytest.importorskip("mlx_lm")
+    from parity import mlx_lm_greedy
+
+    from specdec.verifiers.mlx import MLXVerifier
+
+    v = MLXVerifier(FAMILIES[family](tmp_path / family), dtype=dtype)
+    assert v.tree_exact  # measured on the model: what `check_tree` asks
+    rows = _MLXRows(v)
+    worst, same = _tree_vs_paths(
+        rows, lambda a, t: a.forward(t.tokens, TreeAttention(t, a.v.position, "cpu")), 3
+    )
+    assert same, worst
+    prompt = list(range(3, 33))
+    ours = _spec_equals_ar(v, prompt, 40)
+    if dtype == "float32":  # in bf16 mlx_lm's own loop (its prompt step, its caches) rounds otherwise
+        assert ours == mlx_lm_greedy(v, prompt, 40)
+    _spec_equals_ar(v, prompt, 40, sampling=SamplingParams(temperature=1.0, seed=5))
+
+
 # ---- compaction, rollback, reuse ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("runtime", ["stub", "hf"])
+@pytest.mark.parametrize("runtime", ["stub", "hf", pytest.param("mlx", marks=pytest.mark.mlx)])
 def test_kept_path_then_rollback_and_multi_turn_reuse(tmp_path: Path, runtime):
     """After a tree step the cache holds exactly the accepted path: a stop string that cuts inside the
     step rolls it back, and a second turn reusing the cache equals a fresh decode (gemma3 past its window)."""
@@ -234,6 +276,12 @@ def test_kept_path_then_rollback_and_multi_turn_reuse(tmp_path: Path, runtime):
         from specdec.verifiers.hf import HFVerifier
 
         v = HFVerifier(tiny_gemma3(tmp_path / "g"), dtype=torch.bfloat16)
+        prompts = [list(range(3, 30)), [*range(3, 30), 5, 6, 7]]
+    elif runtime == "mlx":
+        pytest.importorskip("mlx_lm")
+        from specdec.verifiers.mlx import MLXVerifier
+
+        v = MLXVerifier(tiny_gemma3(tmp_path / "g"), dtype="bfloat16")
         prompts = [list(range(3, 30)), [*range(3, 30), 5, 6, 7]]
     else:
         v = StubVerifier()
@@ -336,7 +384,6 @@ def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
         with pytest.raises(ValueError, match=match):
             generate(v, prompt, drafter=d, cfg=DecodeConfig(block_size=4, tree=tree, sampling=sp))
     for kw, match in (
-        ({"verifier": "mlx", "model": "smollm2-135m", "drafter": "bundled:smollm2-135m"}, "does not verify"),
         ({"drafter": "prompt-lookup"}, "needs a DFlash drafter"),
         ({"drafter": "model:smollm2-135m"}, "needs a DFlash drafter"),
         ({"tree": 1}, "node count >= 2"),
@@ -351,12 +398,18 @@ def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
         assert main(argv) == 2 and "--tree verifies with --rule match" in capsys.readouterr().err
 
 
-@pytest.mark.hf
-def test_hybrid_models_refuse_trees(tmp_path: Path):
-    pytest.importorskip("transformers")
-    from specdec.verifiers.hf import HFVerifier
+@pytest.mark.parametrize(
+    "runtime", [pytest.param("hf", marks=pytest.mark.hf), pytest.param("mlx", marks=pytest.mark.mlx)]
+)
+def test_hybrid_models_refuse_trees(tmp_path: Path, runtime):
+    if runtime == "hf":
+        pytest.importorskip("transformers")
+        from specdec.verifiers.hf import HFVerifier as Verifier
+    else:
+        pytest.importorskip("mlx_lm")
+        from specdec.verifiers.mlx import MLXVerifier as Verifier
 
-    v = HFVerifier(tiny_qwen3_5(tmp_path / "q"))
+    v = Verifier(tiny_qwen3_5(tmp_path / "q"))
     d = TreeDrafter([], vocab=v.vocab_size, block_size=6)
     with pytest.raises(ValueError, match="Gated DeltaNet"):
         generate(v, [3, 4, 5], drafter=d, cfg=DecodeConfig(block_size=4, tree=TreeBudget(4)))

@@ -59,6 +59,7 @@ from specdec.bridges.mlx import (
 from specdec.memory import mlx_probe
 from specdec.models import config_fixes
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
+from specdec.tree import PROBE_PARENTS, Tree, TreeAttention
 
 __all__ = ["MLXVerifier"]
 
@@ -248,6 +249,40 @@ class _Tap:
         return (h, *out[1:]) if isinstance(out, tuple) else h
 
 
+class _TreeRoPE(nn.Module):
+    """Stands in for an attention layer's RoPE during a tree verify: each node at its own position (the
+    call's rows become batch rows, so one rope call takes a vector of offsets), whatever offset the layer
+    asks for (its cache's, the next slot)."""
+
+    def __init__(self, rope: Any, positions: mx.array) -> None:
+        super().__init__()
+        self.inner, self.positions = rope, positions  # [T]
+
+    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
+        y = self.inner(x.transpose(2, 1, 0, 3), offset=self.positions)  # [1, H, T, D] -> [T, H, 1, D]
+        return y.transpose(2, 1, 0, 3)
+
+
+class _TreeCache:
+    """A layer's KV cache during a tree verify: appends the nodes as the cache does, and where the model
+    asks its cache for the attention mask, gives the tree's (each node sees the context, within a sliding
+    window by position, and its ancestors)."""
+
+    def __init__(self, cache: Any, tree: TreeAttention) -> None:
+        self.cache, self.tree = cache, tree
+
+    @property
+    def offset(self) -> int:
+        return self.cache.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        return self.cache.update_and_fetch(keys, values)
+
+    def make_mask(self, n: int, *, window_size: int | None = None, **kw: Any) -> mx.array:
+        mask = self.tree.mask(self.tree.root, window_size)[0, 0]  # [T, root + T] bool, torch
+        return mx.array(mask.numpy())
+
+
 class MLXVerifier:
     """Verifier protocol over an mlx_lm model (see module docstring)."""
 
@@ -352,6 +387,8 @@ class MLXVerifier:
         self._feats: mx.array | None = None  # [T, K*H] of the last call
         self._weights: dict[tuple[str, str, torch.dtype], torch.Tensor] = {}
         self._invariant: bool | None = None
+        self._tree_exact: bool | None = None
+        self._tree_size = 0  # nodes of the last verify_tree
         self._recurrent = self._recurrent_mixers()
         self.reset()
 
@@ -512,8 +549,11 @@ class MLXVerifier:
             for i, layer in mixers.items():
                 layer["linear_attn"] = self._recurrent[i].mixer
 
-    def _forward(self, tokens: Sequence[int] | mx.array, *, last_only: bool) -> mx.array:
-        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). Sets the features."""
+    def _forward(
+        self, tokens: Sequence[int] | mx.array, *, last_only: bool, tree: TreeAttention | None = None
+    ) -> mx.array:
+        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). Sets the features. With
+        `tree`, `tokens` are a tree's nodes: positions by depth, each seeing the cache and its ancestors."""
         ids = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)  # [T]
         T, p0 = ids.shape[0], self._pos
         if T == 0:
@@ -522,8 +562,10 @@ class MLXVerifier:
             raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {self.max_context}")
         store: dict[int, mx.array] = {}
         record = bool(self._recurrent) and T <= MAX_RECORDED
-        with self._tapped(store, last_only=last_only, record=record):
-            logits = self.model(ids[None], cache=self._cache)  # [1, T|1, V]
+        cache = self._cache if tree is None else [_TreeCache(c, tree) for c in self._cache]
+        # the ropes first: they are swapped inside the decoder layers, which `_tapped` then stands in for
+        with self._tree_ropes(tree), self._tapped(store, last_only=last_only, record=record):
+            logits = self.model(ids[None], cache=cache)  # [1, T|1, V]
         self._pos = p0 + T
         if record:
             self._recorded += T
@@ -534,6 +576,89 @@ class MLXVerifier:
             mx.concatenate([store[i] for i in self._layer_ids], axis=-1)[0] if self._layer_ids else None
         )
         return logits[0]
+
+    @contextmanager
+    def _tree_ropes(self, tree: TreeAttention | None) -> Iterator[None]:
+        """With a tree, every attention layer's RoPE places each node at its own position (`_TreeRoPE`)."""
+        if tree is None:
+            yield
+            return
+        positions = mx.array(tree.positions.tolist(), dtype=mx.int32)  # [T]
+        attns = [layer["self_attn"] for layer in self._layer_list()[0]]
+        ropes = [attn["rope"] for attn in attns]
+        for attn, rope in zip(attns, ropes):
+            attn["rope"] = _TreeRoPE(rope, positions)
+        try:
+            yield
+        finally:
+            for attn, rope in zip(attns, ropes):
+                attn["rope"] = rope
+
+    def check_tree(self) -> None:
+        why = None
+        if self._recurrent:
+            why = "its Gated DeltaNet layers would need a tree-aware recurrent state"
+        elif self._inexact_caches() or any(type(c) is not KVCache for c in self._cache):
+            why = f"its caches {sorted({type(c).__name__ for c in self._cache})} are not plain KV caches"
+        elif not all(
+            isinstance(la, dict) and "rope" in la.get("self_attn", {}) for la in self._layer_list()[0]
+        ):
+            why = "its decoder layers have no `self_attn.rope` to place the nodes by depth"
+        elif any("sinks" in la["self_attn"] for la in self._layer_list()[0]):
+            why = "its attention sinks are not in the tree attention"
+        elif not self.tree_exact:
+            why = "a tree verify does not give its paths' logits bit for bit here (measured)"
+        if why:
+            raise ValueError(
+                f"{self.model_name} (mlx_lm {self.model_type!r}) cannot verify trees: {why}; use a chain"
+            )
+
+    @property
+    def tree_exact(self) -> bool:
+        """Whether a tree verify gives every node bit for bit the logits of its path verified as a chain,
+        on this model here (measured on first use, on a cache of its own: a tree of `PROBE_PARENTS` after
+        a prompt of 60 tokens; a model whose masks do not come from its cache fails it too)."""
+        if self._tree_exact is None:
+            n = 60
+            ids = [(37 * i + 11) % self.vocab_size for i in range(n + len(PROBE_PARENTS))]
+            tree = Tree(ids[n:], list(PROBE_PARENTS))
+            cache = self._make_cache()
+            self.model(mx.array(ids[:n], dtype=mx.int32)[None], cache=cache)
+            want = []
+            for i in range(len(tree)):
+                path = [i]
+                while (p := tree.parents[path[-1]]) >= 0:
+                    path.append(p)
+                toks = mx.array([tree.tokens[j] for j in reversed(path)], dtype=mx.int32)[None]
+                want.append(self.model(toks, cache=cache)[0, -1])  # [V]
+                for c in cache:
+                    c.trim(len(path))
+            att = TreeAttention(tree, n, "cpu")
+            with self._tree_ropes(att):
+                got = self.model(
+                    mx.array(tree.tokens, dtype=mx.int32)[None], cache=[_TreeCache(c, att) for c in cache]
+                )
+            self._tree_exact = all(bool(mx.array_equal(got[0, i], w).item()) for i, w in enumerate(want))
+        return self._tree_exact
+
+    def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
+        self._drop_ahead()
+        logits = self._forward(tree.tokens, last_only=False, tree=TreeAttention(tree, self._pos, "cpu"))
+        self._tree_size = len(tree)
+        return self._pick(logits, sample)  # [N]
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        T, n = self._tree_size, len(path)
+        for c in self._cache:  # plain KV caches (`check_tree`): move the path's slots down, drop the rest
+            p0 = c.offset - T
+            rows = mx.array([p0 + i for i in path], dtype=mx.int32)
+            c.keys[..., p0 : p0 + n, :] = c.keys[..., rows, :]
+            c.values[..., p0 : p0 + n, :] = c.values[..., rows, :]
+            c.offset = p0 + n
+        self._pos -= T - n
+        self._tree_size = 0
+        if self._feats is not None:
+            self._feats = self._feats[mx.array(list(path), dtype=mx.int32)]  # [n, K*H]
 
     def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
         self._drop_ahead()

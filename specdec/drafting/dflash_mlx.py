@@ -41,6 +41,7 @@ from specdec.drafting.checkpoint import (
 from specdec.drafting.policy import Draft, DraftPolicy
 from specdec.memory import mlx_probe
 from specdec.protocols import MemoryProbe
+from specdec.tree import TREE_TOPK, Tree, TreeBudget, best_first_of
 from specdec.verifiers.mlx import MLX_DTYPES
 
 __all__ = ["MLXDFlashDrafter", "MLXDFlashModel"]
@@ -466,6 +467,19 @@ class MLXDFlashDrafter:
         top = mx.max(mx.softmax(logits, axis=-1), axis=-1)  # [n]: cut as the torch drafter is
         mx.eval(best, top)  # the one sync of a proposal
         return self.policy.cut(Draft(best.tolist(), "dflash", top.tolist())).tokens
+
+    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
+        """A tree of the block's candidates, best first by path probability (`specdec.tree.best_first`)."""
+        if depth == 0 or budget.nodes == 1:
+            return Tree([last_token], [-1], [0], [1.0])
+        logits = self.block_logits(last_token, depth)  # [depth, K]
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        k = min(TREE_TOPK, budget.nodes - 1, logp.shape[-1])
+        cols = mx.argsort(-logp, axis=-1)[:, :k]  # [depth, k], best first
+        top = mx.take_along_axis(logp, cols, axis=-1)
+        ids = self._rows[cols] if self._rows is not None else cols  # vocabulary ids
+        mx.eval(top, ids)  # the one sync of a proposal
+        return best_first_of(last_token, top.tolist(), ids.tolist(), budget)
 
     def rollback(self, n: int) -> None:
         cache = self._need()
