@@ -160,6 +160,7 @@ class ReplayResult:
     by_cost: bool = False  # `--min-confidence auto`: every draft cut by verify costs (`replay(cut_by=)`)
     tree: int | None = None  # `--tree N`: trees of up to N nodes (`replay_tree`); None: chains
     tree_auto: bool = False  # `--tree auto`: as many of those nodes as pay for their verify cost
+    lookup_first: bool = False  # trees only where lookup has no draft (`replay_tree(lookup_first=True)`)
     tree_nodes_mean: float | None = None  # nodes a tree step verified, on average
 
 
@@ -266,13 +267,15 @@ def replay_tree(
     costs: Mapping[int, float] | None = None,
     draft_s: float = 0.0,
     cut_by: VerifyCosts | None = None,
+    lookup_first: bool = False,
 ) -> ReplayResult:
     """Walk each trace as the engine does with `--tree nodes` (the DFlash drafter's `best_first` tree;
     with `lookup`, `LookupFirstDrafter.propose_tree`: lookup's draft as a branch of its own, the DFlash
     tree in the rest of the budget, or lookup's draft alone where it takes the whole budget). A step is
     charged `costs[len(tree)]` (seconds of a tree verify of that many nodes, interpolated:
     `measure_tree_costs`) plus the drafter's time where it ran. `cut_by`: `--tree auto`, each DFlash tree
-    cut by these verify costs."""
+    cut by these verify costs. `lookup_first` (a study, not an engine policy): where lookup has a draft it
+    is verified alone, as `+lookup` chains do, and trees only where it has none."""
     sizes = sorted(costs) if costs else []
 
     def cost(b: int) -> float:
@@ -290,7 +293,8 @@ def replay_tree(
             if k > 0:
                 branch = list(pos.lookup[:k]) if lookup else []
                 depth = min(k, len(pos.candidates))
-                ran = not branch or nodes - len(branch) > 1  # else lookup's draft alone, as a chain
+                # else lookup's draft alone, as a chain
+                ran = not branch or (nodes - len(branch) > 1 and not lookup_first)
                 if ran:
                     top = TreeBudget(nodes - len(branch), costs=cut_by)
                     tree = best_first_of(out[i], pos.candidate_logp[:depth], pos.candidates[:depth], top)
@@ -306,6 +310,7 @@ def replay_tree(
     return ReplayResult(
         0.0, lookup, True, accepted_plus_one / max(steps, 1), steps, tokens,
         ar / spent if costs and spent else None, tree=nodes, tree_auto=cut_by is not None,
+        lookup_first=lookup_first,
         tree_nodes_mean=n_nodes / tree_steps if tree_steps else None,
     )  # fmt: skip
 
@@ -445,10 +450,16 @@ def _run(args: argparse.Namespace) -> int:
                             cut_by=by_tree)
                 for lk in (False, True)
             ]  # fmt: skip
+            rows += [
+                replay_tree(tr, nodes=n, block_size=bs, max_new_tokens=args.max_new_tokens, costs=tree_costs,
+                            draft_s=draft_s, lookup_first=True)
+                for n in args.tree
+            ]  # fmt: skip
         for r in rows:
             if r.tree is not None:
                 size = "auto" if r.tree_auto else r.tree
-                policy = f"tree {size}{' +lookup' if r.lookup else ''} ({r.tree_nodes_mean:.1f} nodes)"
+                how = " lookup-first" if r.lookup_first else " +lookup" if r.lookup else ""
+                policy = f"tree {size}{how} ({r.tree_nodes_mean:.1f} nodes)"
             elif r.by_cost:
                 policy = "+lookup" + (" +corpus" if corpus else "") + " cut by cost (auto)"
             elif r.corpus is not None:

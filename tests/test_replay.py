@@ -470,3 +470,21 @@ def test_tree_replay_equals_the_engine_on_the_stub(lookup):
         assert r.tree_nodes_mean == pytest.approx(statistics.mean(trees))
     if lookup:
         assert drafter.counts["lookup"] > 0
+
+
+def test_tree_replay_lookup_first_verifies_lookup_drafts_alone():
+    """The `lookup_first` study: where lookup has a draft it is the whole step (no DFlash time), trees
+    elsewhere; with branches (`lookup=True`) the DFlash tree runs beside it."""
+    from specdec.evals.replay import replay_tree
+
+    out = [1, 2, 3, 4, 5, 6, 7, 8]
+    cands = ((9, 3), (9, 4), (9, 5))  # DFlash's candidates, the same at every position
+    logp = ((-0.1, -2.0),) * 3
+    pos = [Position((9, 9, 9), (0.9,) * 3, (), candidates=cands, candidate_logp=logp) for _ in out[:-1]]
+    pos[0] = replace(pos[0], lookup=(2, 3, 4))  # lookup has the answer at the first position only
+    trace = Trace("x", out, pos)
+    costs = {1: 1.0, 2: 1.0, 8: 1.0}
+    first = replay_tree([trace], nodes=8, lookup_first=True, block_size=4, costs=costs, draft_s=1.0)
+    both = replay_tree([trace], nodes=8, lookup=True, block_size=4, costs=costs, draft_s=1.0)
+    assert first.steps == both.steps and first.tau == both.tau  # the same paths accepted here...
+    assert first.est_speedup > both.est_speedup  # ...but the lookup step spent no drafter time
