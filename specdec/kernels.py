@@ -39,7 +39,7 @@ import math
 import platform
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +47,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 __all__ = [
     "HALF", "KEY_ALIGN", "PACKED_ROWS", "CPULinear", "batch_invariant", "invariant_attention", "linear_fn",
-    "linear_shapes", "onednn_usable", "packed_weight", "tree_lane", "use_cpu_linears", "verify_equals_steps",
+    "linear_shapes", "onednn_usable", "packed_weight", "use_cpu_linears", "verify_equals_steps",
 ]  # fmt: skip
 
 LinearFn = Callable[..., torch.Tensor]
@@ -161,26 +161,19 @@ def invariant_attention(
     scale: float,
     key_start: int = 0,
     softcap: float | None = None,
-    slots: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Attention whose result for a query row does not depend on how many query rows the call holds, nor
     on how many masked keys follow its last visible one: a verify of T tokens then gives bit for bit the
     rows T one-token calls give, where the linears of the dtype do too (bf16 / fp16 on CPU; see
     `batch_invariant`). q [B, Hq, T, D]; k, v [B, Hkv, S, D] at absolute positions
     key_start..key_start+S-1; mask bool [B or 1, 1, T, S] (True: visible) or None (all visible).
-    `slots` (a tree verify: `specdec.tree.TreeAttention.slots`): ([S] index of each key in a layout of
-    the given length, increasing), the keys spread out there with masked gaps. Returns [B, Hq, T, D].
+    Returns [B, Hq, T, D].
 
     Why this holds: query heads sharing a KV head are folded into the rows of one product (no K/V copies);
     the products are plain matmuls in the model dtype (row-invariant where the linears are); the keys are
     padded (masked) on both sides to multiples of KEY_ALIGN counted from absolute position 0, so every
     reduction over keys (scores @ V, the softmax's max and sum in fp32) sees each visible key at the same
     index modulo the alignment and only adds exact zeros for the rest."""
-    if slots is not None:
-        index, length = slots
-        k = k.new_zeros(*k.shape[:2], length, k.shape[-1]).index_copy_(2, index, k)
-        v = v.new_zeros(*v.shape[:2], length, v.shape[-1]).index_copy_(2, index, v)
-        mask = mask.new_zeros(*mask.shape[:-1], length).index_copy_(-1, index, mask)
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     g = Hq // Hkv
@@ -244,8 +237,7 @@ class _Steppable(Protocol):
     vocab_size: int
 
     def reset(self) -> None: ...
-    def forward(self, tokens: Sequence[int], **kw: Any) -> torch.Tensor: ...
-    def rollback(self, n: int) -> None: ...
+    def forward(self, tokens: Sequence[int]) -> torch.Tensor: ...
 
 
 def verify_equals_steps(verifier: _Steppable, *, n_prompt: int = KEY_ALIGN - 4, n_block: int = 8) -> bool:
@@ -261,38 +253,6 @@ def verify_equals_steps(verifier: _Steppable, *, n_prompt: int = KEY_ALIGN - 4, 
     steps = torch.cat([verifier.forward([t]) for t in ids[n_prompt:]])  # [n_block, V]
     verifier.reset()
     return torch.equal(block, steps)
-
-
-def tree_lane(
-    verifier: _Steppable, device: torch.device | str, *, n_prompt: int = KEY_ALIGN - 4
-) -> int | None:
-    """The narrowest lane spacing of the tree key layout (`specdec.tree.TREE_LANES`) with which a tree
-    verify gives every node bit for bit the logits of its path verified as a chain, on this verifier's own
-    model here (a tree with branches at several depths, after a prompt whose keys cross an alignment
-    boundary); None where none does. Runs on the verifier's cache: call it on a fresh verifier; leaves it
-    reset."""
-    from specdec.tree import PROBE_PARENTS, TREE_LANES, Tree, TreeAttention
-
-    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + len(PROBE_PARENTS))]
-    tree = Tree(ids[n_prompt:], list(PROBE_PARENTS))
-    verifier.reset()
-    verifier.forward(ids[:n_prompt])
-    want = []
-    for i in range(len(tree)):
-        path = [i]
-        while (p := tree.parents[path[-1]]) >= 0:
-            path.append(p)
-        want.append(verifier.forward([tree.tokens[j] for j in reversed(path)])[-1])  # [V]
-        verifier.rollback(len(path))
-    found = None
-    for lane in TREE_LANES:
-        got = verifier.forward(tree.tokens, tree=TreeAttention(tree, n_prompt, device, lane=lane))  # [N, V]
-        verifier.rollback(len(tree))
-        if all(torch.equal(got[i], w) for i, w in enumerate(want)):
-            found = lane
-            break
-    verifier.reset()
-    return found
 
 
 def use_cpu_linears(module: torch.nn.Module) -> int:

@@ -21,13 +21,15 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from specdec.kernels import invariant_attention
+
 __all__ = [
-    "PROBE_PARENTS", "TREE_AUTO_NODES", "TREE_LANES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget",
-    "best_first", "best_first_of",
+    "PROBE_PARENTS", "TREE_AUTO_NODES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget", "best_first",
+    "best_first_of", "tree_exact",
 ]  # fmt: skip
 
 #: the shape of the tree verifiers measure their tree verify with: three branches at the root, four deep
@@ -38,10 +40,6 @@ TREE_AUTO_NODES = 32
 
 #: candidates per block position a tree may branch into (DDTree's trees of <= 64 nodes rarely use more)
 TREE_TOPK = 8
-#: the lane spacings a verifier tries, narrowest first, when it measures which one keeps a tree verify
-#: equal to its paths verified as chains (`specdec.kernels.tree_lane`): 16 is the fp32 vector width of
-#: AVX-512 softmax reductions (a multiple of AVX2's 8), 64 `invariant_attention`'s key alignment
-TREE_LANES = (16, 64)
 
 
 @dataclass(frozen=True)
@@ -187,58 +185,93 @@ class TreeAttention:
     window: those less than `window` positions before the node's own) and the node's ancestors and
     itself.
 
-    `slots`: where each key goes in `specdec.kernels.invariant_attention`'s layout, so that a node's row
-    reduces over its visible keys exactly as the same path verified as a chain does: a node at depth d lands
-    at an index congruent to the chain's (d after the root) modulo `lane`, and along every root path in
-    increasing order (so the reductions add the same terms in the same order, with exact zeros between).
-    Nodes that share a depth take lanes `lane` apart (a multiple of `lane` above the tree's depth). Which
-    `lane` keeps the rows bit for bit is the verifier's measurement (`specdec.kernels.tree_lane`); the
-    layout costs attention over that many masked keys per extra lane."""
+    `attend` computes each node's row exactly as the node's path verified as a chain computes it: the node's
+    keys and values are gathered into the chain's layout (the cached ones, then its ancestors by depth),
+    the nodes become the batch of one `invariant_attention` call, and every reduction over keys meets the
+    same terms at the same indices as the chain's. A layout shared by all nodes, with masked keys between
+    a node's ancestors, does not: the matmul and softmax kernels sum blocks of keys separately, and a key
+    moved to another block changes the rounding (SmolLM2-135M bf16: 0.25 on a logit). The gathered copy
+    costs nodes x keys per layer. `flat_mask` is the same visibility over the cache's own order (the MLX
+    verifier's attention, measured to need no layout)."""
 
-    def __init__(
-        self, tree: Tree, root_position: int, device: torch.device | str, *, lane: int = TREE_LANES[-1]
-    ) -> None:
+    def __init__(self, tree: Tree, root_position: int, device: torch.device | str) -> None:
         depths = tree.depths
-        T = len(tree)
+        T, D = len(tree), max(depths) + 1
         anc = torch.zeros(T, T, dtype=torch.bool)
+        path = torch.zeros(T, D, dtype=torch.long)  # [T, D]: the ancestor of node i at depth e (0 past i)
         for i, p in enumerate(tree.parents):
             if p >= 0:
-                anc[i] = anc[p]
+                anc[i], path[i] = anc[p], path[p]
             anc[i, i] = True
-        lanes: list[int] = []  # per node: which lane it sits in
-        used: set[tuple[int, int]] = set()
-        for i, p in enumerate(tree.parents):
-            j = lanes[p] if p >= 0 else 0  # never below the parent's, so every path goes forward
-            while (depths[i], j) in used:
-                j += 1
-            used.add((depths[i], j))
-            lanes.append(j)
-        self.size = T
+            path[i, depths[i]] = i
+        self.size, self.levels = T, D
         self.root = root_position
         self.device = torch.device(device)
         self.depth = torch.tensor(depths, device=self.device)  # [T]
         self.positions = self.depth + root_position  # [T] absolute position of each node
         self.ancestors = anc.to(self.device)  # [T, T] node i sees node j
-        step = lane * -(-(max(depths) + 1) // lane)  # [lane, 2 lane, ...]: above every depth
-        offsets = [d + step * j for d, j in zip(depths, lanes)]
-        self._offset = torch.tensor(offsets, device=self.device)
-        self.span = max(offsets) + 1  # layout length of the tree part
-        self._masks: dict[tuple[int, int | None], torch.Tensor] = {}
+        self.path = path.to(self.device)  # [T, D]
+        self.on_path = torch.arange(D, device=self.device)[None, :] <= self.depth[:, None]  # [T, D]
+        self._masks: dict[tuple[str, int, int | None], torch.Tensor] = {}
 
-    def mask(self, ctx: int, window: int | None = None) -> torch.Tensor:
-        """[1, 1, T, ctx + T] bool: True where a node sees a key."""
-        key = (ctx, window)
+    def _context(self, ctx: int, window: int | None) -> torch.Tensor:
+        """[T, ctx] bool: the cached keys each node sees."""
+        if window is None:
+            return torch.ones(self.size, ctx, dtype=torch.bool, device=self.device)
+        kpos = torch.arange(self.root - ctx, self.root, device=self.device)  # [ctx]
+        return kpos[None, :] > self.positions[:, None] - window
+
+    def flat_mask(self, ctx: int, window: int | None = None) -> torch.Tensor:
+        """[T, ctx + T] bool over the cache's order (cached keys, then the nodes): True where a node sees."""
+        key = ("flat", ctx, window)
         if key not in self._masks:
-            T = self.size
-            if window is None:
-                seen = torch.ones(T, ctx, dtype=torch.bool, device=self.device)
-            else:
-                kpos = torch.arange(self.root - ctx, self.root, device=self.device)  # [ctx]
-                seen = kpos[None, :] > self.positions[:, None] - window  # [T, ctx]
-            self._masks[key] = torch.cat([seen, self.ancestors], 1)[None, None]
+            self._masks[key] = torch.cat([self._context(ctx, window), self.ancestors], 1)
         return self._masks[key]
 
-    def slots(self, ctx: int) -> tuple[torch.Tensor, int]:
-        """([ctx + T] layout index of each key, layout length) for `invariant_attention`."""
-        head = torch.arange(ctx, device=self.device)
-        return torch.cat([head, ctx + self._offset]), ctx + self.span
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        scale: float,
+        softcap: float | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """Attention of the nodes: q [1, Hq, T, D]; k, v [1, Hkv, ctx + T, D] (the cached keys, then the
+        nodes'). Returns [1, Hq, T, D], each row as its path verified as a chain gives it."""
+        T = self.size
+        ctx = k.shape[2] - T
+        key = ("path", ctx, window)
+        if key not in self._masks:  # [T, 1, 1, ctx + D]: each node its own batch row
+            self._masks[key] = torch.cat([self._context(ctx, window), self.on_path], 1)[:, None, None]
+
+        def gathered(x: torch.Tensor) -> torch.Tensor:  # [1, Hkv, ctx + T, D] -> [T, Hkv, ctx + levels, D]
+            nodes = x[0, :, ctx:][:, self.path].transpose(0, 1)  # [T, Hkv, levels, D]: ancestors by depth
+            return torch.cat([x[:, :, :ctx].expand(T, -1, -1, -1), nodes], 2)
+
+        out = invariant_attention(
+            q.transpose(0, 2), gathered(k), gathered(v), self._masks[key], scale=scale,
+            key_start=self.root - ctx, softcap=softcap,
+        )  # fmt: skip
+        return out.transpose(0, 2)  # [T, Hq, 1, D] -> [1, Hq, T, D]
+
+
+def tree_exact(verifier: Any, device: torch.device | str, *, n_prompt: int = 190) -> bool:
+    """Whether a tree verify gives every node bit for bit the logits of its path verified as a chain, on
+    this verifier's own model here (a tree with branches at several depths after a prompt whose keys
+    cross alignment blocks). Runs on the verifier's cache: call it on a fresh verifier; leaves it reset."""
+    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + len(PROBE_PARENTS))]
+    tree = Tree(ids[n_prompt:], list(PROBE_PARENTS))
+    verifier.reset()
+    verifier.forward(ids[:n_prompt])
+    want = []
+    for i in range(len(tree)):
+        path = [i]
+        while (p := tree.parents[path[-1]]) >= 0:
+            path.append(p)
+        want.append(verifier.forward([tree.tokens[j] for j in reversed(path)])[-1])  # [V]
+        verifier.rollback(len(path))
+    got = verifier.forward(tree.tokens, tree=TreeAttention(tree, n_prompt, device))  # [N, V]
+    verifier.reset()
+    return all(torch.equal(got[i], w) for i, w in enumerate(want))

@@ -46,13 +46,12 @@ from specdec.kernels import (
     invariant_attention,
     linear_fn,
     linear_shapes,
-    tree_lane,
     use_cpu_linears,
     verify_equals_steps,
 )
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
-from specdec.tree import TREE_LANES, Tree, TreeAttention
+from specdec.tree import Tree, TreeAttention, tree_exact
 
 __all__ = ["EXACT_ROLLBACK_LAYER_TYPES", "HFVerifier"]
 
@@ -153,15 +152,13 @@ def _attend_tree(
     **kw: Any,
 ) -> tuple[torch.Tensor, None]:
     """A tree verify's attention: the last T keys are the tree's nodes, the ones before them the newest
-    cached positions; each node sees those (within the layer's sliding window) and its ancestors, by the
-    tree's mask in place of transformers' causal one, through `invariant_attention` in the tree's key
-    layout, so a node's row equals the row of its path verified as a chain (bit for bit where the
-    verifier is batch-invariant)."""
-    ctx = key.shape[2] - query.shape[2]
+    cached positions; each node sees those (within the layer's sliding window) and its ancestors, in
+    place of transformers' causal mask, each row computed as its path verified as a chain computes it
+    (`TreeAttention.attend`: bit for bit where the verifier is batch-invariant)."""
     window = kw.get("sliding_window") or getattr(module, "sliding_window", None)
-    out = invariant_attention(
-        query, key, value, tree.mask(ctx, window), scale=kw.get("scaling") or query.shape[-1] ** -0.5,
-        key_start=tree.root - ctx, softcap=kw.get("softcap"), slots=tree.slots(ctx),
+    out = tree.attend(
+        query, key, value, scale=kw.get("scaling") or query.shape[-1] ** -0.5, softcap=kw.get("softcap"),
+        window=window,
     )  # fmt: skip
     return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
 
@@ -277,9 +274,9 @@ class HFVerifier:
             and batch_invariant(dtype, str(device), linear_shapes(model))
             and verify_equals_steps(self)
         )
-        #: the tree key layout's lane spacing that keeps a tree verify bit for bit equal to its paths verified
-        #: as chains on this model here (measured where the verify is batch-invariant; None: none does)
-        self.tree_lane = tree_lane(self, self.device) if self.batch_invariant else TREE_LANES[-1]
+        #: a tree verify gives each node bit for bit its path's logits verified as a chain on this model here
+        #: (measured where the verify is batch-invariant, which is where bit for bit is the claim)
+        self.tree_exact = tree_exact(self, self.device) if self.batch_invariant else True
 
     # ---- loading -------------------------------------------------------------------------------------
 
@@ -394,15 +391,14 @@ class HFVerifier:
             why = "its attention sinks are not in the tree attention"
         elif not self._own_attention:
             why = f"it runs {self.model.config._attn_implementation!r} attention (trees need sdpa)"
-        elif self.tree_lane is None:
-            why = f"no tree layout verifies its {self.dtype} trees bit for bit here (measured at load)"
+        elif not self.tree_exact:
+            why = f"its {self.dtype} tree verify does not give its paths' logits bit for bit here (measured)"
         if why:
             name = f"{self.model_name} ({self.config.model_type})"
             raise ValueError(f"{name} cannot verify trees: {why}; use a chain")
 
     def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
-        att = TreeAttention(tree, self._pos, self.device, lane=self.tree_lane or TREE_LANES[-1])
-        logits = self.forward(tree.tokens, tree=att)  # [N, V]
+        logits = self.forward(tree.tokens, tree=TreeAttention(tree, self._pos, self.device))  # [N, V]
         self._tree_size = len(tree)
         return sample(logits) if sample else logits.argmax(-1).tolist()
 

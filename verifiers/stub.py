@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.kernels import batch_invariant, invariant_attention, linear_fn, tree_lane, verify_equals_steps
+from specdec.kernels import batch_invariant, invariant_attention, linear_fn, verify_equals_steps
 from specdec.memory import probe_for_module
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn, check_layer_ids
-from specdec.tree import TREE_LANES, Tree, TreeAttention
+from specdec.tree import Tree, TreeAttention, tree_exact
 
 BOS, EOS, PAD = 256, 257, 258
 
@@ -130,8 +130,8 @@ class StubVerifier:
         self.batch_invariant = (
             self.invariant and batch_invariant(dtype, "cpu", shapes) and verify_equals_steps(self)
         )
-        # the tree layout that keeps tree verifies bit for bit (see `HFVerifier.tree_lane`)
-        self.tree_lane = tree_lane(self, "cpu") if self.batch_invariant else TREE_LANES[-1]
+        # tree verifies bit for bit equal to their paths as chains (see `HFVerifier.tree_exact`)
+        self.tree_exact = tree_exact(self, "cpu") if self.batch_invariant else True
 
     @property
     def position(self) -> int:
@@ -147,7 +147,7 @@ class StubVerifier:
         self._pos, self._captured = 0, None
 
     def check_tree(self) -> None:
-        if self.tree_lane is None:
+        if not self.tree_exact:
             raise ValueError(
                 f"no tree layout verifies {self.model_name}'s {self.dtype} trees bit for bit here"
             )
@@ -167,9 +167,8 @@ class StubVerifier:
         if tree is None:  # causal over the cache: new query i sees cached positions <= p0 + i
             pos = torch.arange(p0, p0 + T)
             mask = pos[:, None] >= torch.arange(p0 + T)[None, :]  # [T, p0+T]
-            slots = None
         else:
-            pos, mask, slots = tree.positions, tree.mask(p0)[0, 0], tree.slots(p0)
+            pos, mask = tree.positions, tree.flat_mask(p0)
         captured: dict[int, torch.Tensor] = {}
         for li, layer in enumerate(self.model.layers):
             h = _rms_norm(x, layer.norm1, cfg.eps)
@@ -178,11 +177,12 @@ class StubVerifier:
             self._kv[li, 0, :, p0 : p0 + T] = k
             self._kv[li, 1, :, p0 : p0 + T] = v
             keys, vals = self._kv[li, 0, :, : p0 + T], self._kv[li, 1, :, : p0 + T]  # [nh, p0+T, hd]
-            if self.invariant:  # [nh, T, hd]
-                one = invariant_attention(
-                    q[None], keys[None], vals[None], mask[None, None], scale=hd**-0.5, slots=slots
-                )
-                att = one[0]
+            if tree is not None:  # [nh, T, hd], each node as its path verified as a chain
+                att = tree.attend(q[None], keys[None], vals[None], scale=hd**-0.5)[0]
+            elif self.invariant:  # [nh, T, hd]
+                att = invariant_attention(q[None], keys[None], vals[None], mask[None, None], scale=hd**-0.5)[
+                    0
+                ]
             else:
                 att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
             x = x + self._linear(att.transpose(0, 1).reshape(T, -1), layer.o)
@@ -207,8 +207,7 @@ class StubVerifier:
         return sample(logits) if sample else logits.argmax(-1).tolist()
 
     def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
-        lane = self.tree_lane or TREE_LANES[-1]
-        logits = self.forward(tree.tokens, tree=TreeAttention(tree, self._pos, "cpu", lane=lane))  # [N, V]
+        logits = self.forward(tree.tokens, tree=TreeAttention(tree, self._pos, "cpu"))  # [N, V]
         self._tree_size = len(tree)
         return sample(logits) if sample else logits.argmax(-1).tolist()
 
