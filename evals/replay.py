@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -196,6 +196,12 @@ def _step_draft(
     return policy.cut(Draft(list(pos.dflash[:k]), "dflash", list(pos.confidence[:k]))).tokens, True
 
 
+def _interpolated(costs: Mapping[int, float] | None) -> Callable[[int], float]:
+    """Seconds of a verify of b rows (or b tree nodes) from timed sizes, interpolated between them."""
+    sizes = sorted(costs) if costs else []
+    return lambda b: float(np.interp(b, sizes, [costs[s] for s in sizes]))
+
+
 def replay(
     traces: Sequence[Trace],
     *,
@@ -221,10 +227,7 @@ def replay(
     `min_confidence`, `lookup`, `dflash` and `corpus` unused)."""
     if not (lookup or dflash or corpus is not None):
         raise ValueError("a policy drafts with lookup, corpus n-grams, DFlash or a mix")
-    sizes = sorted(costs) if costs else []
-
-    def cost(b: int) -> float:
-        return float(np.interp(b, sizes, [costs[s] for s in sizes]))
+    cost = _interpolated(costs)
 
     by_cost = cut_by is not None  # the engine's --min-confidence auto: every source, cut by verify cost
     policy = (
@@ -276,10 +279,7 @@ def replay_tree(
     `measure_tree_costs`) plus the drafter's time where it ran. `cut_by`: `--tree auto`, each DFlash tree
     cut by these verify costs. `lookup_first` (a study, not an engine policy): where lookup has a draft it
     is verified alone, as `+lookup` chains do, and trees only where it has none."""
-    sizes = sorted(costs) if costs else []
-
-    def cost(b: int) -> float:
-        return float(np.interp(b, sizes, [costs[s] for s in sizes]))
+    cost = _interpolated(costs)
 
     steps = accepted_plus_one = tokens = n_nodes = tree_steps = 0
     spent = ar = 0.0
@@ -289,7 +289,7 @@ def replay_tree(
         while i < len(out) - 1:
             pos = tr.positions[i]
             k = min(block_size - 1, limit - (i + 1) - 1)
-            tree, ran = Tree([out[i]], [-1]), False
+            tree, ran = Tree.chain(out[i], []), False
             if k > 0:
                 branch = list(pos.lookup[:k]) if lookup else []
                 depth = min(k, len(pos.candidates))

@@ -28,8 +28,8 @@ import torch
 from specdec.kernels import invariant_attention
 
 __all__ = [
-    "PROBE_PARENTS", "TREE_AUTO_NODES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget", "best_first",
-    "best_first_of", "tree_exact",
+    "PROBE_PARENTS", "PROBE_PROMPT", "TREE_AUTO_NODES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget",
+    "best_first", "best_first_of", "probe_tree", "tree_exact",
 ]  # fmt: skip
 
 #: the shape of the tree verifiers measure their tree verify with: three branches at the root, four deep
@@ -75,6 +75,13 @@ class Tree:
         n = len(draft)
         return cls([root, *draft], list(range(-1, n)), [0] * (n + 1), [1.0] * (n + 1))
 
+    def path(self, node: int) -> list[int]:
+        """The nodes from the root down to `node` (both included)."""
+        path = [node]
+        while (p := self.parents[path[-1]]) >= 0:
+            path.append(p)
+        return path[::-1]
+
     def _children(self) -> dict[tuple[int, int], int]:
         """(parent, token) -> node; the first-listed child wins a (never useful) tie."""
         return {(p, t): i for i, (p, t) in reversed(list(enumerate(zip(self.parents, self.tokens))))}
@@ -88,11 +95,9 @@ class Tree:
         return path
 
     def accept_along(self, tokens: Sequence[int]) -> list[int]:
-        """The path accepted where the verifier's tokens after the root are `tokens` (greedy replay)."""
-        children, path = self._children(), [0]
-        while len(path) <= len(tokens) and (nxt := children.get((path[-1], tokens[len(path) - 1]))):
-            path.append(nxt)
-        return path
+        """The path accepted where the verifier's tokens after the root are `tokens` (greedy replay): the
+        verifier's token after a node at depth d is tokens[d], none past their end."""
+        return self.accept([tokens[d] if d < len(tokens) else -1 for d in self.depths])
 
     def with_branch(self, draft: Sequence[int]) -> Tree:
         """This tree plus the chain `draft` below the root (nodes it shares with the tree are reused)."""
@@ -140,7 +145,7 @@ def best_first(root: int, logits: torch.Tensor, budget: TreeBudget) -> Tree:
     probability. Every prefix of that order is a tree; with costs the prefix kept is the one with the most
     expected committed tokens (1 + the sum of its path probabilities) per unit of verify cost."""
     if logits.shape[0] == 0 or budget.nodes == 1:
-        return Tree([root], [-1], [0], [1.0])
+        return Tree.chain(root, [])
     k = min(TREE_TOPK, budget.nodes - 1, logits.shape[-1])
     top = logits.float().log_softmax(-1).topk(k, dim=-1)  # [D, k] each
     return best_first_of(root, top.values.tolist(), top.indices.tolist(), budget)  # the one sync
@@ -152,7 +157,7 @@ def best_first_of(
     """`best_first` from each depth's candidates: log-probabilities and ids, best first ([D][k] each)."""
     D, k = len(logp), min(len(logp[0]) if logp else 0, max(budget.nodes - 1, 0))
     if D == 0 or k == 0:
-        return Tree([root], [-1], [0], [1.0])
+        return Tree.chain(root, [])
     tokens, parents, ranks, scores = [root], [-1], [0], [0.0]
     heap = [(-logp[0][0], 0, 1, 0)]  # (-path log-prob, parent, depth, rank)
     while heap and len(tokens) < budget.nodes:
@@ -204,7 +209,7 @@ class TreeAttention:
                 anc[i], path[i] = anc[p], path[p]
             anc[i, i] = True
             path[i, depths[i]] = i
-        self.size, self.levels = T, D
+        self.size = T
         self.root = root_position
         self.device = torch.device(device)
         self.depth = torch.tensor(depths, device=self.device)  # [T]
@@ -246,8 +251,8 @@ class TreeAttention:
         if key not in self._masks:  # [T, 1, 1, ctx + D]: each node its own batch row
             self._masks[key] = torch.cat([self._context(ctx, window), self.on_path], 1)[:, None, None]
 
-        def gathered(x: torch.Tensor) -> torch.Tensor:  # [1, Hkv, ctx + T, D] -> [T, Hkv, ctx + levels, D]
-            nodes = x[0, :, ctx:][:, self.path].transpose(0, 1)  # [T, Hkv, levels, D]: ancestors by depth
+        def gathered(x: torch.Tensor) -> torch.Tensor:  # [1, Hkv, ctx + T, D] -> [T, Hkv, ctx + depth + 1, D]
+            nodes = x[0, :, ctx:][:, self.path].transpose(0, 1)  # [T, Hkv, depth + 1, D]: ancestors by depth
             return torch.cat([x[:, :, :ctx].expand(T, -1, -1, -1), nodes], 2)
 
         out = invariant_attention(
@@ -257,21 +262,28 @@ class TreeAttention:
         return out.transpose(0, 2)  # [T, Hq, 1, D] -> [1, Hq, T, D]
 
 
-def tree_exact(verifier: Any, device: torch.device | str, *, n_prompt: int = 190) -> bool:
+#: prompt tokens before the probe tree: its keys past a few alignment blocks
+PROBE_PROMPT = 190
+
+
+def probe_tree(vocab_size: int) -> tuple[list[int], Tree]:
+    """The prompt and the tree (`PROBE_PARENTS`) a verifier measures its tree verify with."""
+    ids = [(37 * i + 11) % vocab_size for i in range(PROBE_PROMPT + len(PROBE_PARENTS))]
+    return ids[:PROBE_PROMPT], Tree(ids[PROBE_PROMPT:], list(PROBE_PARENTS))
+
+
+def tree_exact(verifier: Any, device: torch.device | str) -> bool:
     """Whether a tree verify gives every node bit for bit the logits of its path verified as a chain, on
-    this verifier's own model here (a tree with branches at several depths after a prompt whose keys
+    this verifier's own model here (`probe_tree`: branches at several depths, after a prompt whose keys
     cross alignment blocks). Runs on the verifier's cache: call it on a fresh verifier; leaves it reset."""
-    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + len(PROBE_PARENTS))]
-    tree = Tree(ids[n_prompt:], list(PROBE_PARENTS))
+    prompt, tree = probe_tree(verifier.vocab_size)
     verifier.reset()
-    verifier.forward(ids[:n_prompt])
+    verifier.forward(prompt)
     want = []
     for i in range(len(tree)):
-        path = [i]
-        while (p := tree.parents[path[-1]]) >= 0:
-            path.append(p)
-        want.append(verifier.forward([tree.tokens[j] for j in reversed(path)])[-1])  # [V]
+        path = tree.path(i)
+        want.append(verifier.forward([tree.tokens[j] for j in path])[-1])  # [V]
         verifier.rollback(len(path))
-    got = verifier.forward(tree.tokens, tree=TreeAttention(tree, n_prompt, device))  # [N, V]
+    got = verifier.forward(tree.tokens, tree=TreeAttention(tree, len(prompt), device))  # [N, V]
     verifier.reset()
     return all(torch.equal(got[i], w) for i, w in enumerate(want))

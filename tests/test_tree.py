@@ -109,7 +109,7 @@ def test_tree_attention_rows_equal_their_paths_as_chains():
         k, v = (torch.randn(1, 3, ctx + T, 64, generator=g).to(dtype) for _ in range(2))
         got = TreeAttention(tree, ctx, "cpu").attend(q, k, v, scale=0.125)  # [1, 9, T, 64]
         for i in range(T):
-            path = _path(tree, i)
+            path = tree.path(i)
             keys = torch.cat([k[:, :, :ctx], k[:, :, [ctx + j for j in path]]], 2)
             vals = torch.cat([v[:, :, :ctx], v[:, :, [ctx + j for j in path]]], 2)
             want = invariant_attention(
@@ -126,13 +126,6 @@ def _random_tree(rng: random.Random, vocab: int) -> Tree:
     return Tree([rng.randrange(3, vocab) for _ in range(n)], [-1] + [rng.randrange(i) for i in range(1, n)])
 
 
-def _path(tree: Tree, i: int) -> list[int]:
-    path = [i]
-    while tree.parents[path[-1]] >= 0:
-        path.append(tree.parents[path[-1]])
-    return path[::-1]
-
-
 def _tree_vs_paths(v, forward_tree, trials: int = 6) -> tuple[float, bool]:
     """(max |logit difference|, bit for bit) between a tree verify and each node's path verified as a chain,
     after prompts of random length (past an alignment block and a sliding window)."""
@@ -147,7 +140,7 @@ def _tree_vs_paths(v, forward_tree, trials: int = 6) -> tuple[float, bool]:
         for i in range(len(tree)):
             v.reset()
             v.forward(prompt)
-            want = v.forward([tree.tokens[j] for j in _path(tree, i)])[-1]
+            want = v.forward([tree.tokens[j] for j in tree.path(i)])[-1]
             worst = max(worst, float((want.float() - got[i].float()).abs().max()))
             same = same and torch.equal(want, got[i])
     v.reset()

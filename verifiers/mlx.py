@@ -59,7 +59,7 @@ from specdec.bridges.mlx import (
 from specdec.memory import mlx_probe
 from specdec.models import config_fixes
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
-from specdec.tree import PROBE_PARENTS, Tree, TreeAttention
+from specdec.tree import Tree, TreeAttention, probe_tree
 
 __all__ = ["MLXVerifier"]
 
@@ -595,16 +595,14 @@ class MLXVerifier:
                 attn["rope"] = rope
 
     def check_tree(self) -> None:
-        why = None
+        why, layers = None, self._layer_list()[0]
         if self._recurrent:
             why = "its Gated DeltaNet layers would need a tree-aware recurrent state"
-        elif self._inexact_caches() or any(type(c) is not KVCache for c in self._cache):
+        elif any(type(c) is not KVCache for c in self._cache):
             why = f"its caches {sorted({type(c).__name__ for c in self._cache})} are not plain KV caches"
-        elif not all(
-            isinstance(la, dict) and "rope" in la.get("self_attn", {}) for la in self._layer_list()[0]
-        ):
+        elif not all(isinstance(la, dict) and "rope" in la.get("self_attn", {}) for la in layers):
             why = "its decoder layers have no `self_attn.rope` to place the nodes by depth"
-        elif any("sinks" in la["self_attn"] for la in self._layer_list()[0]):
+        elif any("sinks" in la["self_attn"] for la in layers):
             why = "its attention sinks are not in the tree attention"
         elif not self.tree_exact:
             why = "a tree verify does not give its paths' logits bit for bit here (measured)"
@@ -616,24 +614,20 @@ class MLXVerifier:
     @property
     def tree_exact(self) -> bool:
         """Whether a tree verify gives every node bit for bit the logits of its path verified as a chain,
-        on this model here (measured on first use, on a cache of its own: a tree of `PROBE_PARENTS` after
-        a prompt of 190 tokens; a model whose masks do not come from its cache fails it too)."""
+        on this model here (measured on first use, on a cache of its own: `specdec.tree.probe_tree`, as
+        the HF verifier's `tree_exact`; a model whose masks do not come from its cache fails it too)."""
         if self._tree_exact is None:
-            n = 190  # the tree's keys past a few alignment blocks
-            ids = [(37 * i + 11) % self.vocab_size for i in range(n + len(PROBE_PARENTS))]
-            tree = Tree(ids[n:], list(PROBE_PARENTS))
+            prompt, tree = probe_tree(self.vocab_size)
             cache = self._make_cache()
-            self.model(mx.array(ids[:n], dtype=mx.int32)[None], cache=cache)
+            self.model(mx.array(prompt, dtype=mx.int32)[None], cache=cache)
             want = []
             for i in range(len(tree)):
-                path = [i]
-                while (p := tree.parents[path[-1]]) >= 0:
-                    path.append(p)
-                toks = mx.array([tree.tokens[j] for j in reversed(path)], dtype=mx.int32)[None]
+                path = tree.path(i)
+                toks = mx.array([tree.tokens[j] for j in path], dtype=mx.int32)[None]
                 want.append(self.model(toks, cache=cache)[0, -1])  # [V]
                 for c in cache:
                     c.trim(len(path))
-            att = TreeAttention(tree, n, "cpu")
+            att = TreeAttention(tree, len(prompt), "cpu")
             with self._tree_ropes(att):
                 got = self.model(
                     mx.array(tree.tokens, dtype=mx.int32)[None], cache=[_TreeCache(c, att) for c in cache]

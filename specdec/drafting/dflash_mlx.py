@@ -471,7 +471,7 @@ class MLXDFlashDrafter:
     def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
         """A tree of the block's candidates, best first by path probability (`specdec.tree.best_first`)."""
         if depth == 0 or budget.nodes == 1:
-            return Tree([last_token], [-1], [0], [1.0])
+            return Tree.chain(last_token, [])
         logits = self.block_logits(last_token, depth)  # [depth, K]
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         k = min(TREE_TOPK, budget.nodes - 1, logp.shape[-1])
