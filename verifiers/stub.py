@@ -149,7 +149,8 @@ class StubVerifier:
     def check_tree(self) -> None:
         if not self.tree_exact:
             raise ValueError(
-                f"no tree layout verifies {self.model_name}'s {self.dtype} trees bit for bit here"
+                f"{self.model_name} cannot verify trees: its {self.dtype} tree verify does not give its "
+                "paths' logits bit for bit here (measured); use a chain"
             )
 
     @torch.inference_mode()
