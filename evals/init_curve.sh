@@ -4,18 +4,21 @@
 #   bash evals/init_curve.sh verifier [WORK_DIR]  # layers copied from SmolLM2's own layers 28, 29 (--init-layers)
 #   bash evals/init_curve.sh copy [WORK_DIR]      # random start, 4x loss weight where the answer repeats earlier
 #                                                 # text (--repeat-weight 4: what prompt lookup would draft)
+#   bash evals/init_curve.sh anchors [WORK_DIR]   # random start, anchors whose next token repeats earlier text
+#                                                 # drawn 4x as likely (--repeat-anchors 4)
 # The bundled shape (2 layers, block 8, draft vocabulary 8192), the bundled corpus, 64 held-out sequences
 # evaluated every EVAL steps (teacher-forced tau and the engine's tau on 4 held-out prompts). Resumable: run
 # it again to continue (checkpoints every 15 steps in WORK_DIR/ARM). Environment: STEPS (default 90), EVAL
 # (default 30), DEVICE, PYTHON (default python3).
 set -euo pipefail
-ARM=${1:?usage: bash evals/init_curve.sh random|verifier|copy [WORK_DIR]}
+ARM=${1:?usage: bash evals/init_curve.sh random|verifier|copy|anchors [WORK_DIR]}
 W=${2:-runs/init-curve}
 case "$ARM" in
   random) INIT=() ;;
   verifier) INIT=(--init-layers 28,29) ;;
   copy) INIT=(--repeat-weight 4) ;;
-  *) echo "error: arm must be random, verifier or copy, got '$ARM'" >&2; exit 2 ;;
+  anchors) INIT=(--repeat-anchors 4) ;;
+  *) echo "error: arm must be random, verifier, copy or anchors, got '$ARM'" >&2; exit 2 ;;
 esac
 "${PYTHON:-python3}" -m specdec.cli train --verifier hf --model smollm2-135m \
   --data specdec/bundled/smollm2-135m/corpus --out "$W/$ARM" \

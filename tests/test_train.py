@@ -510,3 +510,41 @@ def test_new_train_options_are_checked(tmp_path):
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"init_layers needs an HF verifier .* got 'stub'"):
         layers_from_verifier(DFlashDraftModel(cfg), StubVerifier(), (1,))
+
+
+def test_repeat_anchors_start_more_blocks_inside_repeats(stub: StubVerifier, data: Path, tmp_path: Path):
+    """`repeat_anchors` W draws anchors whose next token repeats earlier text W times as likely; held-out
+    evaluation keeps its uniform anchors, and the default draw is the uniform one it always was."""
+    w = torch.ones(30, dtype=torch.float64)
+    w[[10, 12, 15, 20, 21]] = 1e12  # these five, all but surely
+    assert sample_anchors(10, 30, 8, 5, 3, weights=w).tolist() == [10, 12, 15, 20, 21]
+    assert sample_anchors(10, 30, 8, 5, 3, weights=torch.ones(30)).tolist() != []  # all positive: fine
+    from specdec.train.data import seed_of
+    from specdec.train.loop import _Run, dist_setup
+    from specdec.train.loss import repeats
+
+    td = TrainData(data)
+
+    def run(w: float) -> _Run:
+        cfg = tiny(tmp_path / f"w{w}", steps=2, repeat_anchors=w, max_anchors=8, holdout=2)
+        return _Run(stub, td, cfg, drafter_config(cfg, td.verifier), dist_setup("cpu"))
+
+    uniform, weighted = run(1.0), run(50.0)
+
+    def share(r: _Run, step: int) -> float:  # share of anchors whose first label repeats earlier text
+        hits = total = 0
+        for i in r.train_idx:
+            rep = repeats(torch.tensor([td.sequences[i].ids.tolist()]))[0]
+            a = r.anchors_for(i, step)
+            hits, total = hits + int(rep[a + 1].sum()), total + len(a)
+        return hits / total
+
+    assert share(weighted, 0) > share(uniform, 0) + 0.2
+    for i in uniform.held:
+        assert torch.equal(uniform.anchors_for(i, -1), weighted.anchors_for(i, -1))
+    i = uniform.train_idx[0]
+    s = td.sequences[i]
+    want = sample_anchors(s.prompt_len, len(s.ids), 8, 8, seed_of(0, 3, 0, i))
+    assert torch.equal(uniform.anchors_for(i, 0), want)
+    with pytest.raises(ValueError, match="repeat_anchors must be > 0, got 0"):
+        tiny(tmp_path, repeat_anchors=0.0).validate()

@@ -65,6 +65,10 @@ def add_train_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--repeat-weight", type=finite(0), default=d.repeat_weight,
         help="loss weight of positions whose token repeats earlier text (what lookup would draft); 1: none",
     )  # fmt: skip
+    t.add_argument(
+        "--repeat-anchors", type=finite(0), default=d.repeat_anchors,
+        help="anchors whose next token repeats earlier text are drawn this many times as likely; 1: uniform",
+    )  # fmt: skip
     t.add_argument("--seed", type=at_least(0), default=d.seed)
     t.add_argument(
         "--init-from",
@@ -95,7 +99,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab_size, stages=args.stages, max_sequences=args.max_sequences,
         steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, max_anchors=args.max_anchors,
         attn_chunk=args.attn_chunk, recompute=args.recompute, gamma=args.gamma, kl_weight=args.kl_weight,
-        repeat_weight=args.repeat_weight,
+        repeat_weight=args.repeat_weight, repeat_anchors=args.repeat_anchors,
         seed=args.seed, init_from=args.init_from, init_layers=args.init_layers, device=args.device,
         out_dir=args.out, save_every=args.save_every, eval_every=args.eval_every, holdout=args.holdout,
         resume=not args.no_resume, progress=not args.no_progress,

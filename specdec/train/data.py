@@ -65,15 +65,26 @@ def anchor_range(prompt_len: int, length: int, block_size: int) -> tuple[int, in
 
 
 def sample_anchors(
-    prompt_len: int, length: int, block_size: int, max_anchors: int, seed: int
+    prompt_len: int,
+    length: int,
+    block_size: int,
+    max_anchors: int,
+    seed: int,
+    *,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sorted anchor positions [A], A = min(max_anchors, valid positions), drawn without replacement."""
+    """Sorted anchor positions [A], A = min(max_anchors, valid positions), drawn without replacement:
+    uniformly, or in proportion to `weights` [length] (the weight of each position as an anchor)."""
     lo, hi = anchor_range(prompt_len, length, block_size)
     n = hi - lo + 1
     if n <= 0:
         return torch.zeros(0, dtype=torch.long)
     g = torch.Generator().manual_seed(seed)
-    return (torch.randperm(n, generator=g)[: min(max_anchors, n)] + lo).sort().values
+    if weights is None:
+        pick = torch.randperm(n, generator=g)[: min(max_anchors, n)]
+    else:
+        pick = torch.multinomial(weights[lo : hi + 1].double(), min(max_anchors, n), generator=g)
+    return (pick + lo).sort().values
 
 
 def batch_order(lengths: Sequence[int], batch_size: int, seed: int) -> list[list[int]]:

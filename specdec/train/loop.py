@@ -43,7 +43,7 @@ from specdec.train.data import (
     seed_of,
 )
 from specdec.train.features import TargetFeatures
-from specdec.train.loss import block_loss, default_gamma
+from specdec.train.loss import block_loss, default_gamma, repeats
 
 __all__ = ["TrainConfig", "acceptance_length", "drafter_config", "grow_layers", "train"]
 
@@ -87,6 +87,10 @@ class TrainConfig:
     kl_weight: float = 0.0
     # loss weight of block positions whose token repeats earlier text (`loss.repeats`); 1: none
     repeat_weight: float = 1.0
+    # anchors whose first label repeats earlier text (`loss.repeats`: what prompt lookup would draft) are
+    # drawn this many times as likely as the others, so more blocks start inside repeated spans; 1: uniform
+    # (held-out evaluation always draws uniformly)
+    repeat_anchors: float = 1.0
     kl_topk: int = 16  # soft labels: the verifier's top-k next tokens (with kl_weight > 0)
     grad_clip: float = 1.0
     seed: int = 0
@@ -133,6 +137,7 @@ class TrainConfig:
              f"{self.block_size}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.repeat_weight > 0, f"repeat_weight must be > 0, got {self.repeat_weight}"),
+            (self.repeat_anchors > 0, f"repeat_anchors must be > 0, got {self.repeat_anchors}"),
             (self.init_from is None or self.init_layers is None, "give init_from or init_layers, not both"),
             (self.steps is not None or self.epochs > 0, f"epochs must be > 0, got {self.epochs}"),
             (self.gamma is None or self.gamma > 0, f"gamma must be > 0, got {self.gamma}"),
@@ -516,9 +521,17 @@ class _Run:
         return self._epoch[1][j]
 
     def anchors_for(self, i: int, step: int) -> torch.Tensor:
-        s = self.data.sequences[i]
-        seed = seed_of(self.cfg.seed, 3, step, i)
-        return sample_anchors(s.prompt_len, len(s.ids), self.dcfg.block_size, self.cfg.max_anchors, seed)
+        """Sequence i's anchors at `step` (-1: held-out evaluation, always uniform)."""
+        s, cfg = self.data.sequences[i], self.cfg
+        weights = None
+        if cfg.repeat_anchors != 1.0 and step >= 0:
+            # [T] weight of anchor a: repeat_anchors where its first label a+1 repeats earlier text
+            first = torch.zeros(len(s.ids), dtype=torch.bool)
+            first[:-1] = repeats(torch.tensor([s.ids.tolist()]))[0, 1:]
+            weights = 1.0 + (cfg.repeat_anchors - 1.0) * first.double()
+        seed = seed_of(cfg.seed, 3, step, i)
+        bs = self.dcfg.block_size
+        return sample_anchors(s.prompt_len, len(s.ids), bs, cfg.max_anchors, seed, weights=weights)
 
     def batch(self, idx: list[int], step: int) -> Any:
         anchors = [self.anchors_for(i, step) for i in idx]
