@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from specdec.kernels import invariant_attention
+from specdec.kernels import key_padding, key_scores
 
 __all__ = [
     "PROBE_PARENTS", "PROBE_PROMPT", "TREE_AUTO_NODES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget",
@@ -190,14 +190,16 @@ class TreeAttention:
     window: those less than `window` positions before the node's own) and the node's ancestors and
     itself.
 
-    `attend` computes each node's row exactly as the node's path verified as a chain computes it: the node's
-    keys and values are gathered into the chain's layout (the cached ones, then its ancestors by depth),
-    the nodes become the batch of one `invariant_attention` call, and every reduction over keys meets the
-    same terms at the same indices as the chain's. A layout shared by all nodes, with masked keys between
-    a node's ancestors, does not: the matmul and softmax kernels sum blocks of keys separately, and a key
-    moved to another block changes the rounding (SmolLM2-135M bf16: 0.25 on a logit). The gathered copy
-    costs nodes x keys per layer. `flat_mask` is the same visibility over the cache's own order (the MLX
-    verifier's attention, measured to need no layout)."""
+    `attend` computes each node's row exactly as the node's path verified as a chain computes it, as
+    `invariant_attention` does for a chain: the scores come from one product of all nodes with all keys
+    (each is one dot product), then each node's scores and values are gathered into its chain's layout
+    (the cached keys, then its ancestors by depth), so every reduction over keys (the softmax, the product
+    with the values, the nodes as its batch) meets the same terms at the same indices as the chain's. A
+    layout shared by all nodes, with masked keys between a node's ancestors, does not: the matmul and
+    softmax kernels sum blocks of keys separately, and a key moved to another block changes the rounding
+    (SmolLM2-135M bf16: 0.25 on a logit). The values' copy costs nodes x keys per layer. `flat_mask` is
+    the same visibility over the cache's own order (the MLX verifier's attention, measured to need no
+    layout)."""
 
     def __init__(self, tree: Tree, root_position: int, device: torch.device | str) -> None:
         depths = tree.depths
@@ -223,8 +225,11 @@ class TreeAttention:
         """[T, ctx] bool: the cached keys each node sees."""
         if window is None:
             return torch.ones(self.size, ctx, dtype=torch.bool, device=self.device)
-        kpos = torch.arange(self.root - ctx, self.root, device=self.device)  # [ctx]
-        return kpos[None, :] > self.positions[:, None] - window
+        key = ("ctx", ctx, window)
+        if key not in self._masks:  # asked once per layer of a verify
+            kpos = torch.arange(self.root - ctx, self.root, device=self.device)  # [ctx]
+            self._masks[key] = kpos[None, :] > self.positions[:, None] - window
+        return self._masks[key]
 
     def flat_mask(self, ctx: int, window: int | None = None) -> torch.Tensor:
         """[T, ctx + T] bool over the cache's order (cached keys, then the nodes): True where a node sees."""
@@ -245,21 +250,32 @@ class TreeAttention:
     ) -> torch.Tensor:
         """Attention of the nodes: q [1, Hq, T, D]; k, v [1, Hkv, ctx + T, D] (the cached keys, then the
         nodes'). Returns [1, Hq, T, D], each row as its path verified as a chain gives it."""
-        T = self.size
-        ctx = k.shape[2] - T
-        key = ("path", ctx, window)
-        if key not in self._masks:  # [T, 1, 1, ctx + D]: each node its own batch row
-            self._masks[key] = torch.cat([self._context(ctx, window), self.on_path], 1)[:, None, None]
-
-        def gathered(x: torch.Tensor) -> torch.Tensor:  # [1, Hkv, ctx + T, D] -> [T, Hkv, ctx + depth + 1, D]
-            nodes = x[0, :, ctx:][:, self.path].transpose(0, 1)  # [T, Hkv, depth + 1, D]: ancestors by depth
-            return torch.cat([x[:, :, :ctx].expand(T, -1, -1, -1), nodes], 2)
-
-        out = invariant_attention(
-            q.transpose(0, 2), gathered(k), gathered(v), self._masks[key], scale=scale,
-            key_start=self.root - ctx, softcap=softcap,
-        )  # fmt: skip
-        return out.transpose(0, 2)  # [T, Hq, 1, D] -> [1, Hq, T, D]
+        T, (_, Hq, _, D), Hkv = self.size, q.shape, k.shape[1]
+        g, ctx, P = Hq // Hkv, k.shape[2] - T, self.path.shape[1]
+        # every node against every key in one product (a score is one dot product, the same in any layout)
+        # (rows node-major, so each node's scores come out in runs of g x keys: cheap to gather)
+        rows = q[0].view(Hkv, g, T, D).transpose(1, 2).reshape(Hkv, T * g, D)  # [Hkv, T*g, D]
+        s_all = key_scores(rows, k[0], scale=scale, softcap=softcap)  # [Hkv, T*g, ctx+T]
+        s_all = s_all.view(Hkv, T, g, ctx + T).transpose(0, 1)  # [T, Hkv, g, ctx+T]
+        # each node's scores and values in its chain's layout: the cached keys, then its ancestors by
+        # depth, padded to whole KEY_ALIGN blocks as `aligned_softmax` pads a chain's
+        left, right = key_padding(self.root - ctx, ctx + P)
+        c0, c1 = left + ctx, left + ctx + P  # [c0, c1): the path's keys
+        s = s_all.new_full((T, Hkv, g, c1 + right), float("-inf"))  # [T, Hkv, g, W]
+        s[..., left:c0] = s_all[..., :ctx]
+        s[..., c0:c1] = torch.gather(s_all[..., ctx:], 3, self.path[:, None, None].expand(T, Hkv, g, P))
+        s[..., c0:c1].masked_fill_(~self.on_path[:, None, None], float("-inf"))  # past the node's depth
+        if window is not None:
+            s[..., left:c0].masked_fill_(
+                ~self._context(ctx, window)[:, None, None], float("-inf")
+            )  # slid out
+        p = s.softmax(-1).to(v.dtype)  # [T, Hkv, g, W]
+        vals = v.new_empty(T, Hkv, c1 + right, D)  # one copy of the values per node
+        vals[:, :, :left], vals[:, :, c1:] = 0, 0  # padding: finite, so its zero weights give exact zeros
+        vals[:, :, left:c0] = v[0, :, :ctx]
+        vals[:, :, c0:c1] = v[0, :, ctx:][:, self.path].transpose(0, 1)
+        out = torch.matmul(p, vals)  # [T, Hkv, g, D]: each node's rows alone against its own values
+        return out.permute(1, 2, 0, 3).reshape(1, Hq, T, D)
 
 
 #: prompt tokens before the probe tree: its keys past a few alignment blocks
