@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
 __all__ = [
-    "HALF", "KEY_ALIGN", "PACKED_ROWS", "CPULinear", "aligned_softmax", "batch_invariant",
+    "HALF", "KEY_ALIGN", "PACKED_ROWS", "CPULinear", "batch_invariant",
     "invariant_attention", "key_padding", "key_scores", "linear_fn", "linear_shapes", "onednn_usable",
     "packed_weight", "use_cpu_linears", "verify_equals_steps",
 ]  # fmt: skip
@@ -182,10 +182,11 @@ def invariant_attention(
     s = key_scores(rows, k, scale=scale, softcap=softcap).view(B, Hkv, g, T, S)
     if mask is not None:
         s = s.masked_fill(~mask[:, :, None], float("-inf"))  # mask [B, 1, T, S] -> [B, 1, 1, T, S]
-    p = aligned_softmax(s, key_start=key_start).to(v.dtype).view(B, Hkv, g * T, -1)
     left, right = key_padding(key_start, S)
     if left or right:
+        s = F.pad(s, (left, right), value=float("-inf"))
         v = F.pad(v, (0, 0, left, right))  # [B, Hkv, left+S+right, D]
+    p = s.softmax(-1).to(v.dtype).view(B, Hkv, g * T, -1)
     return torch.matmul(p, v).view(B, Hq, T, D)
 
 
@@ -198,19 +199,10 @@ def key_scores(rows: torch.Tensor, k: torch.Tensor, *, scale: float, softcap: fl
 
 def key_padding(key_start: int, keys: int) -> tuple[int, int]:
     """(left, right): masked keys that put `keys` keys from absolute position `key_start` on whole
-    KEY_ALIGN blocks counted from position 0."""
+    KEY_ALIGN blocks counted from position 0, so the softmax's max and sum and the product with the
+    values meet every visible key in the same lane whatever surrounds it (padding adds exact zeros)."""
     left = key_start % KEY_ALIGN
     return left, (-(left + keys)) % KEY_ALIGN
-
-
-def aligned_softmax(s: torch.Tensor, *, key_start: int) -> torch.Tensor:
-    """Softmax of fp32 masked scores [..., S] (keys from absolute position `key_start`) over the keys padded
-    by `key_padding` -> [..., left+S+right]: every visible key at the same index modulo KEY_ALIGN, so the
-    max and sum meet it in the same lane whatever surrounds it; padding and masked keys get exact zeros."""
-    left, right = key_padding(key_start, s.shape[-1])
-    if left or right:
-        s = F.pad(s, (left, right), value=float("-inf"))
-    return s.softmax(-1)
 
 
 @cache

@@ -258,7 +258,7 @@ class TreeAttention:
         s_all = key_scores(rows, k[0], scale=scale, softcap=softcap)  # [Hkv, T*g, ctx+T]
         s_all = s_all.view(Hkv, T, g, ctx + T).transpose(0, 1)  # [T, Hkv, g, ctx+T]
         # each node's scores and values in its chain's layout: the cached keys, then its ancestors by
-        # depth, padded to whole KEY_ALIGN blocks as `aligned_softmax` pads a chain's
+        # depth, padded to whole KEY_ALIGN blocks as `invariant_attention` pads a chain's
         left, right = key_padding(self.root - ctx, ctx + P)
         c0, c1 = left + ctx, left + ctx + P  # [c0, c1): the path's keys
         s = s_all.new_full((T, Hkv, g, c1 + right), float("-inf"))  # [T, Hkv, g, W]
