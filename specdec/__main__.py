@@ -1,0 +1,5 @@
+"""`python -m specdec`: the `specdec` command."""
+
+from specdec.console import main
+
+raise SystemExit(main())
