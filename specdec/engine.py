@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from specdec.lease import Run, hold
 from specdec.memory import unmeasured
 from specdec.protocols import (
     Drafter,
@@ -148,7 +149,6 @@ def _propose(
     return drafter.propose(token, k), None
 
 
-# long: the loop is the engine; read top to bottom it shows every phase of a step and where its time goes
 def decode(
     verifier: Verifier,
     prompt: Sequence[int],
@@ -157,15 +157,37 @@ def decode(
     cfg: DecodeConfig,
     keep: int = 0,
     cancel: threading.Event | None = None,
+    owner: object | None = None,
 ) -> Iterator[StepRecord]:
     """Yield the prefill record, then one record per decode step, the last with `finish_reason`.
 
     `keep` > 0: the verifier cache and the drafter context already hold `prompt[:keep]` (multi-turn
     reuse); only the rest is prefilled. At every yield both hold prompt + output[:-1]. A set `cancel`
-    stops the loop before the next step (the caller records the cancellation)."""
+    stops the loop before the next step (the caller records the cancellation).
+
+    The run holds the verifier and the drafter from its first step to its end (`specdec.lease`): another
+    run on either waits for it. `owner`: who holds them (the streaming engine, which checks before it
+    reuses a cache that nobody else ran on them since); None: this call alone, and `keep` is trusted."""
     check_request(verifier, prompt, drafter, cfg)
-    if cfg.block_size == 1:
-        drafter = None
+    drafter = drafter if cfg.block_size > 1 else None
+    with hold(owner if owner is not None else Run(), verifier, drafter) as mine:
+        if keep and owner is not None and not mine:
+            raise RuntimeError(
+                "another run used this model since: its cache no longer holds the prompt's start"
+            )
+        yield from _decode(verifier, prompt, drafter=drafter, cfg=cfg, keep=keep, cancel=cancel)
+
+
+# long: the loop is the engine; read top to bottom it shows every phase of a step and where its time goes
+def _decode(
+    verifier: Verifier,
+    prompt: Sequence[int],
+    *,
+    drafter: Drafter | None,
+    cfg: DecodeConfig,
+    keep: int,
+    cancel: threading.Event | None,
+) -> Iterator[StepRecord]:
     stops = cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids
     limit = context_limit(verifier, cfg.max_context)
     clock = time.perf_counter

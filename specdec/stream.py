@@ -7,6 +7,9 @@ session = ChatSession(engine); session.send("Hi").text(); session.send("And then
 
 Contract:
 - An `Engine` owns a verifier, an optional drafter and their caches, and runs one stream at a time.
+  Engines may share a loaded model (two conversations of a chat app): their runs take turns, each holding
+  the model from its first step to its end (another thread's run waits; two streams iterated in turn on
+  one thread are refused), and an engine reuses a cache only where no other run touched it since its own.
   `engine.stream(...)` returns a `Stream`: an iterator (or, with `async for`, an async iterator whose work
   runs on a thread) of `StreamEvent`s, one per engine step, the prefill first.
 - Text: after each step the whole output so far is decoded and only the stable new suffix is emitted;
@@ -43,6 +46,7 @@ from typing import Any
 
 from specdec.chat import encode_prompt
 from specdec.engine import DecodeConfig, check_request, common_prefix_len, context_limit, decode
+from specdec.lease import hold
 from specdec.protocols import Drafter, RollbackError, Verifier
 from specdec.records import PromptResult, StepRecord, summarize
 from specdec.sampling import SamplingParams
@@ -275,6 +279,17 @@ class Engine:
                 "engine busy: another stream is running on it; iterate it to the end or close() it first "
                 "(one Engine serves one stream at a time)"
             )
+        try:  # the models, held for the whole run (a stop string's cut included) against other engines
+            with hold(self, self.verifier, self.drafter) as mine:
+                if not mine:  # another engine ran on them since our last run: what they cache is not ours
+                    self._vtokens = self._dtokens = None
+                yield from self._events(ids, cfg, stops, st)
+        finally:
+            self._lock.release()
+
+    def _events(
+        self, ids: list[int], cfg: DecodeConfig, stops: tuple[str, ...], st: Stream
+    ) -> Iterator[StreamEvent]:
         stop_ids = cfg.stop_token_ids if cfg.stop_token_ids is not None else self.verifier.eos_token_ids
         detok = Detokenizer(self._decode, stop=stops, skip_ids=stop_ids) if self._decode else None
         steps: list[StepRecord] = []
@@ -327,7 +342,6 @@ class Engine:
             raise
         finally:
             inner.close()
-            self._lock.release()
 
     # ---- the step loop: specdec.engine.decode, started from the kept cache ------------------------------
 
@@ -391,7 +405,9 @@ class Engine:
             vt, dt = self._vtokens, self._dtokens
             run_cfg = replace(cfg, max_context=self.max_context)
             last = None
-            for step in decode(self.verifier, prompt, drafter=drafter, cfg=run_cfg, keep=keep, cancel=cancel):
+            for step in decode(
+                self.verifier, prompt, drafter=drafter, cfg=run_cfg, keep=keep, cancel=cancel, owner=self
+            ):
                 # both caches just took the prompt's rest, or the last token + committed[:-1]
                 new = prompt[keep:] if last is None else [last, *step.tokens[:-1]]
                 vt += new

@@ -250,13 +250,19 @@ def _mask(start: int, bs: int, lo: int, window: int | None, causal: bool) -> mx.
 
 
 class _Cache:
-    """Per-layer context K/V [1, nkv, capacity, D] with a length pointer (buffers grow by doubling)."""
+    """Per-layer context K/V [1, nkv, capacity, D] with a length pointer (buffers grow by doubling).
+
+    Evaluated whenever it changes: MLX >= 0.32 keeps a stream per thread, and a lazy array built on one
+    thread cannot be evaluated on another, so a cache left lazy by one turn would fail the next turn of an
+    app that decodes each turn on a thread of its own (the work is the same; it is only done a call
+    earlier)."""
 
     def __init__(self, cfg: DFlashConfig, dtype: mx.Dtype, capacity: int = 256) -> None:
         self.shape = (1, cfg.num_key_value_heads, capacity, cfg.head_dim)
         self.k = [mx.zeros(self.shape, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.v = [mx.zeros(self.shape, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.length = 0
+        mx.eval(self.k, self.v)
 
     def append(self, kv: list[tuple[mx.array, mx.array]]) -> None:
         n = kv[0][0].shape[2]
@@ -269,6 +275,7 @@ class _Cache:
             self.k[i][:, :, self.length : end] = k.astype(self.k[i].dtype)
             self.v[i][:, :, self.length : end] = v.astype(self.v[i].dtype)
         self.length = end
+        mx.eval(self.k, self.v)
 
 
 def _head_fn(model: nn.Module, rows: mx.array | None) -> Any:
