@@ -42,6 +42,7 @@ from specdec.drafting.mix import LookupFirstDrafter
 from specdec.drafting.ngrams import CorpusNgrams, chances_of, check_corpus, load_corpus_ngrams
 from specdec.drafting.policy import Calibration, Draft, DraftPolicy
 from specdec.engine import DecodeConfig, common_prefix_len
+from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.protocols import Verifier
 from specdec.tree import TREE_AUTO_NODES, TREE_TOPK, Tree, TreeBudget, best_first_of
 
@@ -344,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--drafter", nargs="+", default=["bundled:smollm2-135m"],
         help="DFlash drafters (no '+lookup'); several are compared on the same greedy answers",
     )  # fmt: skip
-    p.add_argument("--block-size", type=at_least(2), help="default: the drafter's")
+    p.add_argument("--block-size", type=at_least(2, MAX_VERIFY_TOKENS), help="default: the drafter's")
     p.add_argument("--dataset", default="humaneval", choices=("humaneval", "mtbench"))
     p.add_argument("--limit", type=at_least(1), default=10)
     p.add_argument("--turns", type=int, default=1, choices=(1, 2))
@@ -358,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--corpus-cut", type=finite(0, 1), nargs="+", default=[0.2, 0.4], help="their cuts")
     p.add_argument(
-        "--tree", type=at_least(2), nargs="*", default=[],
+        "--tree", type=at_least(2, MAX_VERIFY_TOKENS), nargs="*", default=[],
         help="also replay trees of up to these many nodes (`--tree N`), alone and +lookup, charged tree "
         "verify costs measured here",
     )  # fmt: skip

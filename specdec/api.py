@@ -22,6 +22,7 @@ from specdec.chat import encode_prompt
 from specdec.costs import VerifyCosts, choose_block, measure_tree_costs
 from specdec.drafting.lookup import LOOKUP_BLOCK_SIZE
 from specdec.engine import DecodeConfig, check_request, generate
+from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.protocols import Describes, Drafter, TreeVerify, Verifier
 from specdec.records import (
     JsonlWriter,
@@ -396,8 +397,8 @@ class RunSpec:
         return table
 
     def _check_tree(self) -> None:
-        if not (self.tree == "auto" or (isinstance(self.tree, int) and self.tree >= 2)):
-            raise ValueError(f"--tree takes a node count >= 2 or auto, got {self.tree!r}")
+        if not (self.tree == "auto" or (isinstance(self.tree, int) and 2 <= self.tree <= MAX_VERIFY_TOKENS)):
+            raise ValueError(f"--tree takes a node count 2..{MAX_VERIFY_TOKENS} or auto, got {self.tree!r}")
         base = self.drafter.removesuffix("+lookup")
         if base in ("none", "prompt-lookup") or base.startswith("model:"):
             raise ValueError(f"--tree needs a DFlash drafter (optionally +lookup), not {self.drafter!r}")

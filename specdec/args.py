@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from specdec.api import DRAFTER_RUNTIMES, LOOKUP_BLOCK_SIZE, RUNTIMES, RunSpec
 from specdec.drafting.model import MODEL_BLOCK_SIZE
+from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.sampling import PROPOSALS, RULES, SamplingParams
 
 __all__ = [
@@ -108,7 +109,7 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
         "append '+lookup' to a DFlash drafter or draft model for prompt lookup where the text repeats",
     )  # fmt: skip
     p.add_argument(
-        "--block-size", type=or_auto(at_least(1)),
+        "--block-size", type=or_auto(at_least(1, MAX_VERIFY_TOKENS)),
         help=f"default: the drafter's ({LOOKUP_BLOCK_SIZE} for prompt lookup, {MODEL_BLOCK_SIZE} for a draft "
         "model); auto: from --costs",
     )  # fmt: skip
@@ -125,7 +126,7 @@ def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-looku
         "every draft where it commits the most tokens per verify cost (see --costs)",
     )  # fmt: skip
     p.add_argument(
-        "--tree", type=or_auto(at_least(2)),
+        "--tree", type=or_auto(at_least(2, MAX_VERIFY_TOKENS)),
         help="verify a tree of up to N drafts per step (the last token included) built best first from the "
         "drafter's candidates at each block position, instead of one chain (DFlash drafters, optionally "
         "+lookup; attention-only models); auto: as many as pay for their verify cost (tree verifies timed at "

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.lease import Run, hold
 from specdec.memory import unmeasured
 from specdec.protocols import (
@@ -75,8 +76,14 @@ def check_request(
         raise ValueError("empty prompt: give at least one token")
     if cfg.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-    if cfg.block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {cfg.block_size}")
+    if not 1 <= cfg.block_size <= MAX_VERIFY_TOKENS:
+        raise ValueError(
+            f"block_size must be 1..{MAX_VERIFY_TOKENS} (tokens per verify), got {cfg.block_size}"
+        )
+    if cfg.tree is not None and not 2 <= cfg.tree.nodes <= MAX_VERIFY_TOKENS:
+        raise ValueError(
+            f"a tree holds 2..{MAX_VERIFY_TOKENS} nodes (tokens per verify), got {cfg.tree.nodes}"
+        )
     bad = [t for t in prompt if not 0 <= t < verifier.vocab_size]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary 0..{verifier.vocab_size - 1}")

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
 __all__ = [
-    "HALF", "KEY_ALIGN", "PACKED_ROWS", "CPULinear", "batch_invariant",
+    "HALF", "KEY_ALIGN", "MAX_VERIFY_TOKENS", "PACKED_ROWS", "PROBE_CHUNKS", "CPULinear", "batch_invariant",
     "invariant_attention", "key_padding", "key_scores", "linear_fn", "linear_shapes", "onednn_usable",
     "packed_weight", "use_cpu_linears", "verify_equals_steps",
 ]  # fmt: skip
@@ -251,19 +251,34 @@ class _Steppable(Protocol):
     def forward(self, tokens: Sequence[int]) -> torch.Tensor: ...
 
 
-def verify_equals_steps(verifier: _Steppable, *, n_prompt: int = KEY_ALIGN - 4, n_block: int = 8) -> bool:
-    """Whether a verify of `n_block` tokens gives bit for bit the logits of as many one-token steps, on
-    this verifier's own model on this machine (after a prompt of `n_prompt`: the block's keys cross an
-    alignment boundary). Runs on the verifier's cache: call it on a fresh verifier; leaves it reset."""
-    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + n_block)]
+#: the most tokens one verify holds (a chain's last token and drafts, a tree's nodes): products of that
+#: many rows still take the packed weight, and `verify_equals_steps` measures every verify up to it
+MAX_VERIFY_TOKENS = PACKED_ROWS
+#: the calls whose rows `verify_equals_steps` compares with one verify of MAX_VERIFY_TOKENS tokens: every
+#: row count a kernel may treat apart (one row, a few, past 8, 16 and 32) meets the large call's rows
+PROBE_CHUNKS = (1, 1, 1, 1, 2, 3, 8, 15, 32)
+
+
+def verify_equals_steps(verifier: _Steppable, *, n_prompt: int = KEY_ALIGN - 4) -> bool:
+    """Whether a verify of MAX_VERIFY_TOKENS tokens gives bit for bit the logits that calls of 1, 2, 3, 8,
+    15 and 32 tokens give at the same positions (`PROBE_CHUNKS`, one-token steps first), on this verifier's
+    own model on this machine, after a prompt of `n_prompt` (the keys cross an alignment boundary). Any
+    verify a run makes then equals one-token steps (a kernel that rounds by row count, as torch's
+    vectorised bf16 rsqrt does from 32 elements, shows here). Runs on the verifier's cache: call it on a
+    fresh verifier; leaves it reset."""
+    assert sum(PROBE_CHUNKS) == MAX_VERIFY_TOKENS
+    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + MAX_VERIFY_TOKENS)]
     verifier.reset()
     verifier.forward(ids[:n_prompt])
-    block = verifier.forward(ids[n_prompt:])  # [n_block, V]
+    whole = verifier.forward(ids[n_prompt:])  # [MAX_VERIFY_TOKENS, V]
     verifier.reset()
     verifier.forward(ids[:n_prompt])
-    steps = torch.cat([verifier.forward([t]) for t in ids[n_prompt:]])  # [n_block, V]
+    parts, start = [], n_prompt
+    for n in PROBE_CHUNKS:
+        parts.append(verifier.forward(ids[start : start + n]))  # [n, V]
+        start += n
     verifier.reset()
-    return torch.equal(block, steps)
+    return torch.equal(whole, torch.cat(parts))
 
 
 def use_cpu_linears(module: torch.nn.Module) -> int:

@@ -28,7 +28,8 @@ def drafter(**kw) -> ScriptedDrafter:
     [
         ([], DecodeConfig(), None, "empty prompt"),
         ([1, 2], DecodeConfig(max_new_tokens=0), None, "max_new_tokens must be >= 1"),
-        ([1, 2], DecodeConfig(block_size=0), None, "block_size must be >= 1"),
+        ([1, 2], DecodeConfig(block_size=0), None, r"block_size must be 1\.\.64"),
+        ([1, 2], DecodeConfig(block_size=65), None, r"block_size must be 1\.\.64 \(tokens per verify\)"),
         (
             [1, 2],
             DecodeConfig(block_size=8),

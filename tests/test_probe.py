@@ -11,10 +11,13 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
+from drafters import ScriptedDrafter, TreeDrafter
 
 from specdec.api import load_drafter
 from specdec.engine import DecodeConfig, generate
 from specdec.stream import ChatSession, Engine
+from specdec.tree import TreeBudget
 from specdec.verifiers.stub import StubVerifier
 
 
@@ -143,3 +146,64 @@ def test_the_mlx_drafter_decodes_turns_on_threads_of_their_own(tmp_path: Path):
     session = ChatSession(engine())  # each `async for` decodes on a new worker thread
     replies = [asyncio.run(chat(session, text)) for text in ("hi", "and then?")]
     assert len(session.messages) == 4 and replies[1] == session.messages[-1]["content"]
+
+
+# ---- the bf16 stub verifier, exact in every size it accepts --------------------------------------------
+
+
+def _old_bf16_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _bf16_stub() -> StubVerifier:
+    v = StubVerifier(dtype=torch.bfloat16)
+    if not v.batch_invariant:
+        pytest.skip("a bf16 stub verify is not batch-invariant on this CPU (measured): runs take fp32 here")
+    return v
+
+
+def test_the_bf16_stub_chains_and_trees_of_up_to_64_tokens_equal_autoregressive():
+    """A bf16 norm (torch's vectorised bf16 rsqrt from 32 rows) made --tree 32 and blocks of 32+ differ (11 of
+    these 20 runs did)."""
+    v = _bf16_stub()
+    for text in ("The quick brown fox jumps over", "Hello world, this is", "def f(x):\n    return",
+                 "Once upon a time", "1, 2, 3, 4,"):  # fmt: skip
+        prompt = v.tokenizer.encode(text)
+        ar = generate(v, prompt, cfg=DecodeConfig(max_new_tokens=120, block_size=1)).output_tokens
+        ref = [*prompt, *ar]
+        for block in (33, 64):
+            d = ScriptedDrafter(ref, vocab=v.vocab_size, wrong_at=(len(prompt) + 40,), block_size=block)
+            out = generate(v, prompt, drafter=d, cfg=DecodeConfig(max_new_tokens=120, block_size=block))
+            assert out.output_tokens == ar and max(s.drafted for s in out.steps) == block - 1, (text, block)
+        for nodes in (32, 64):
+            d = TreeDrafter(ref, vocab=v.vocab_size, wrong_at=(len(prompt) + 5,), block_size=16)
+            cfg = DecodeConfig(max_new_tokens=120, block_size=16, tree=TreeBudget(nodes))
+            out = generate(v, prompt, drafter=d, cfg=cfg)
+            assert out.output_tokens == ar and max(s.tree_nodes or 0 for s in out.steps) == nodes, (
+                text,
+                nodes,
+            )
+
+
+def test_the_load_time_measurement_sees_a_kernel_that_rounds_from_32_rows(monkeypatch):
+    import specdec.verifiers.stub as stub
+
+    x, w = torch.randn(64, 64).bfloat16(), torch.ones(64).bfloat16()
+    rows = torch.cat([_old_bf16_norm(x[i : i + 1], w, 1e-6) for i in range(64)])
+    if torch.equal(_old_bf16_norm(x, w, 1e-6), rows):
+        pytest.skip("this CPU's bf16 rsqrt rounds alike in every call size")
+    monkeypatch.setattr(stub, "_rms_norm", _old_bf16_norm)
+    assert not stub.StubVerifier(dtype=torch.bfloat16).batch_invariant
+
+
+def test_a_bf16_stub_chat_session_after_an_edited_first_message_equals_a_fresh_run():
+    v = _bf16_stub()
+    engine = Engine(v, load_drafter("prompt-lookup", verifier=v))
+    session = ChatSession(engine)
+    for text in ("Tell me about the sea, the sea and the sea.", "And the sky?"):
+        session.send(text, max_tokens=48).text()
+    session.messages[0]["content"] = "Tell me about the moon, the moon and the moon."
+    edited = session.send("And the stars?", max_tokens=48)
+    edited.text()
+    fresh = Engine(StubVerifier(dtype=torch.bfloat16), None).complete(edited.prompt_ids, max_tokens=48)
+    assert edited.result.reused_tokens > 0 and edited.result.output_tokens == fresh.output_tokens

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from specdec.bridges.mlx import (
     text_model,
     to_torch,
 )
+from specdec.kernels import MAX_VERIFY_TOKENS, PROBE_CHUNKS
 from specdec.memory import mlx_probe
 from specdec.models import config_fixes
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
@@ -394,17 +396,21 @@ class MLXVerifier:
 
     @property
     def batch_invariant(self) -> bool:
-        """Whether a verify of 8 tokens gives the logits of 8 one-token steps bit for bit, for this model on
-        this machine (measured on first use, on caches of its own: 16 prompt tokens, then the 8). mlx-cpu
-        0.32: yes in fp32, bf16 and 4-bit; Metal's quantized kernels differ by row count (qmv / qmm)."""
+        """Whether a verify of up to MAX_VERIFY_TOKENS tokens gives the logits of one-token steps bit for bit,
+        for this model on this machine: one verify of MAX_VERIFY_TOKENS against calls of the sizes of
+        `specdec.kernels.PROBE_CHUNKS` at the same positions (as the torch verifiers measure it; on first
+        use, on caches of its own, after 16 prompt tokens). mlx-cpu 0.32: yes in fp32, bf16 and 4-bit;
+        Metal's quantized kernels differ by row count (qmv / qmm)."""
         if self._invariant is None:
-            ids = mx.array([(37 * i + 11) % self.vocab_size for i in range(24)], dtype=mx.int32)[None]
+            n = 16 + MAX_VERIFY_TOKENS
+            ids = mx.array([(37 * i + 11) % self.vocab_size for i in range(n)], dtype=mx.int32)[None]
             a, b = self._make_cache(), self._make_cache()
             self.model(ids[:, :16], cache=a)
             self.model(ids[:, :16], cache=b)
-            block = self.model(ids[:, 16:], cache=a)  # [1, 8, V]
-            steps = mx.concatenate([self.model(ids[:, i : i + 1], cache=b) for i in range(16, 24)], axis=1)
-            self._invariant = bool(mx.array_equal(block, steps).item())
+            whole = self.model(ids[:, 16:], cache=a)  # [1, MAX_VERIFY_TOKENS, V]
+            ends = accumulate(PROBE_CHUNKS, initial=16)  # 16, 17, ..., 16 + MAX_VERIFY_TOKENS
+            parts = [self.model(ids[:, i:j], cache=b) for i, j in pairwise(ends)]
+            self._invariant = bool(mx.array_equal(whole, mx.concatenate(parts, axis=1)).item())
         return self._invariant
 
     # ---- cache ---------------------------------------------------------------------------------------

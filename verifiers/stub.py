@@ -52,7 +52,10 @@ class ByteTokenizer:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    """In fp32, as transformers' Llama norm: torch's vectorised bf16 rsqrt (a call of 32 or more rows) rounds
+    unlike its scalar path, so a bf16 norm made a verify of 32+ tokens differ from one-token steps."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
 def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:

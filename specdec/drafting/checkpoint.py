@@ -8,7 +8,8 @@ and to the weights a grouped dynamic causal convolution around each layer's atte
 candidate selector (its two codebooks stored as bare tensors).
 `load_config` / `load_state_dict` read that format and `save_checkpoint` writes exactly it, so a drafter
 trained here serves on vLLM / SGLang and a hub drafter loads here. Keys we do not use are kept in
-`DFlashConfig.extra` and written back unchanged. Only torch and safetensors are imported.
+`DFlashConfig.extra` and written back unchanged. Only torch, safetensors and `specdec.kernels` (the verify
+size limit) are imported.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from specdec.kernels import MAX_VERIFY_TOKENS
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -216,8 +219,11 @@ class DFlashConfig:
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
-        if self.block_size < 2:
-            problems.append(f"block_size {self.block_size} < 2 proposes nothing")
+        if not 2 <= self.block_size <= MAX_VERIFY_TOKENS:
+            problems.append(
+                f"block_size {self.block_size} is not 2..{MAX_VERIFY_TOKENS} (one verify holds the block: at "
+                f"most {MAX_VERIFY_TOKENS} tokens)"
+            )
         if not self.target_layer_ids:
             problems.append("target_layer_ids is empty")
         bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]

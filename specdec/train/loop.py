@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from specdec.drafting.checkpoint import DFlashConfig, load_checkpoint, load_config, save_checkpoint
+from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.protocols import EmbedFn, LMHeadFn, Verifier
 from specdec.train.data import (
     TrainData,
@@ -133,8 +134,8 @@ class TrainConfig:
             if v is not None and v < 1:
                 p.append(f"{name} must be >= 1 or None, got {v}")
         checks = [
-            (self.block_size >= 2, f"block_size must be >= 2 (a block of 1 drafts nothing), got "
-             f"{self.block_size}"),
+            (2 <= self.block_size <= MAX_VERIFY_TOKENS, f"block_size must be 2..{MAX_VERIFY_TOKENS} (a block "
+             f"of 1 drafts nothing, one verify holds at most {MAX_VERIFY_TOKENS}), got {self.block_size}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.repeat_weight > 0, f"repeat_weight must be > 0, got {self.repeat_weight}"),
             (self.repeat_anchors > 0, f"repeat_anchors must be > 0, got {self.repeat_anchors}"),
