@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
     from specdec.evals.datasets import load_dataset
     from specdec.records import atomic_write_json, check_output_path, environment, summarize
 
-    out = check_output_path(args.out) if args.out else None
+    out = check_output_path(args.out) if args.out is not None else None
     for d in args.dtypes:
         torch_dtype(d)  # a bad name fails before any load
     records = load_dataset(args.dataset, args.limit)

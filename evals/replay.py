@@ -369,18 +369,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from specdec.api import RunSpec, load, load_drafter
+    from specdec.api import RunSpec, check_drafter, load, load_drafter
     from specdec.chat import encode_prompt
+    from specdec.drafting.checkpoint import load_config
     from specdec.engine import generate
     from specdec.evals.datasets import load_dataset, second_turn_messages
     from specdec.evals.run import _answer_text
     from specdec.records import atomic_write_json, check_output_path
 
-    if args.out:
+    if args.out is not None:
         check_output_path(args.out)  # fail before the work, not after it
 
     if args.corpus:
         check_corpus(args.corpus)  # a bad folder fails before the model loads
+    for name in args.drafter:  # each drafter's config and weights header, before the model loads
+        path = check_drafter(name)
+        if path is None:
+            raise ValueError(
+                f"--drafter {name!r}: give a DFlash drafter (lookup is replayed with and without)"
+            )
+        block = load_config(path).block_size
+        if args.block_size is not None and args.block_size > block:
+            raise ValueError(f"--block-size {args.block_size} exceeds drafter {name!r}'s block size {block}")
     model = args.model or (None if args.verifier == "stub" else "smollm2-135m")
     spec = RunSpec(verifier=args.verifier, model=model, dtype=args.dtype, device=args.device, drafter="none")
     m = load(spec)
@@ -483,7 +493,7 @@ def _run(args: argparse.Namespace) -> int:
             "drafter": name, "draft_s": draft_s, "first_draft_agreement": agree,
             "results": [asdict(r) for r in rows],
         })  # fmt: skip
-    if args.out:
+    if args.out is not None:
         atomic_write_json(args.out, {"costs_s": costs, "tree_costs_s": tree_costs, "drafters": report})
     return 0
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from specdec.records import format_bytes
+from specdec.records import atomic_write_bytes, format_bytes
 
 __all__ = ["format_summary_table", "plot_all", "print_summary_table", "render_markdown", "write_report"]
 
@@ -289,9 +289,7 @@ def write_report(result: dict[str, Any], out_dir: str | Path) -> Path:
     out = Path(out_dir)
     plots = plot_all(result, out)
     path = out / "report.md"
-    tmp = path.with_name(".report.md.tmp")
-    tmp.write_text(render_markdown(result, plots))
-    tmp.replace(path)
+    atomic_write_bytes(path, render_markdown(result, plots).encode())
     return path
 
 

@@ -38,8 +38,8 @@ from specdec.tree import TREE_AUTO_NODES, TreeBudget
 __all__ = [
     "DRAFTER_RUNTIMES", "LOOKUP_BLOCK_SIZE", "RUNTIMES", "Loaded", "RunSpec", "bundled_corpus",
     "bundled_drafter", "check_device_dtype", "check_drafter", "check_drafter_fits", "check_drafter_runtimes",
-    "drafter_for", "encode_prompt", "load", "load_drafter", "load_verifier", "load_verifier_auto",
-    "resolve_dtype", "run", "run_config", "torch_dtype",
+    "check_model", "drafter_for", "encode_prompt", "load", "load_drafter", "load_verifier",
+    "load_verifier_auto", "resolve_dtype", "run", "run_config", "torch_dtype",
 ]  # fmt: skip
 
 RUNTIMES = ("stub", "hf", "mlx")  # verifier runtimes
@@ -198,34 +198,44 @@ def check_drafter(spec: str | None) -> Path | None:
             "checkpoint folder"
         )
     from specdec.drafting.checkpoint import check_checkpoint
+    from specdec.drafting.formats import refuse_as_drafter
+    from specdec.models import read_config
 
+    raw = read_config(path)
+    if raw is not None:  # an EAGLE-3, MTP, ... folder is named as what it is, not diagnosed as broken DFlash
+        refuse_as_drafter(path, raw, name=spec)
     check_checkpoint(path)
     return path
 
 
-def check_drafter_fits(spec: str | None, model: str | None) -> None:
-    """Before either loads: a DFlash drafter against the verifier model's config.json, where that is on
-    disk already (a local folder, or a bundled model fetched before): its target layers, hidden size and
-    vocabulary, with the offending values (`checkpoint.check_target`, as `bind` checks the verifier)."""
-    from types import SimpleNamespace
+def check_model(runtime: str, model: str | None) -> None:
+    """Before it loads: a local model folder that holds a drafter, not a model, is refused in one line."""
+    from specdec.drafting.formats import refuse_as_model
+    from specdec.models import read_config
 
+    raw = read_config(Path(model).expanduser()) if runtime != "stub" and model else None
+    if raw is not None:
+        refuse_as_model(model, raw)
+
+
+def check_drafter_fits(spec: str | None, model: str | None, *, runtime: str = "hf") -> None:
+    """Before either loads: a DFlash drafter or a draft model against the verifier's model as far as it is
+    known then (`model_shape`): a DFlash drafter's target layers, hidden size and vocabulary, with the
+    offending values (`checkpoint.check_target`, as `bind` checks the verifier); a draft model's vocabulary
+    and, where both are on disk, its tokenizer (`drafting.model.check_draft_model_fits`)."""
     from specdec.drafting.checkpoint import check_target, load_config
-    from specdec.models import MODELS, model_dir
+    from specdec.models import local_folder, model_shape
 
     path = check_drafter(spec)
-    folder = Path(model_dir(model) if model in MODELS else str(model or "")).expanduser()
-    if path is None or not model or not (folder / "config.json").is_file():
-        return
-    try:
-        raw = json.loads((folder / "config.json").read_text())
-        raw = raw.get("text_config") or raw  # multimodal layouts keep the language model's here
-        target = SimpleNamespace(
-            model_name=folder.name, num_layers=int(raw["num_hidden_layers"]),
-            hidden_size=int(raw["hidden_size"]), vocab_size=int(raw["vocab_size"]),
-        )  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return  # not a config we can read without the runtime: the loaded verifier is checked at bind
-    check_target(load_config(path), target, name=str(spec))
+    target = model_shape(runtime, model)
+    base = (spec or "").removesuffix("+lookup")
+    if target is not None and base.startswith("model:"):
+        from specdec.drafting.model import check_draft_model_fits
+
+        folder = local_folder(model) if runtime != "stub" else None
+        check_draft_model_fits(base.removeprefix("model:"), target, folder=folder)
+    if path is not None and target is not None:
+        check_target(load_config(path), target, name=str(spec))
 
 
 def load_drafter(
@@ -387,11 +397,13 @@ class RunSpec:
             check_device_dtype(device, dtype)
         table = self._cost_table()
         DraftPolicy(min_confidence=self.fixed_confidence, corpus_cut=self.corpus_cut)  # their ranges
+        check_model(self.verifier, self.model)
         if self.corpus is not None:
             from specdec.drafting.ngrams import check_corpus
+            from specdec.models import model_shape
 
-            check_corpus(self.corpus, drafter=self.drafter)
-        check_drafter_fits(self.drafter, self.model if self.verifier != "stub" else None)
+            check_corpus(self.corpus, drafter=self.drafter, target=model_shape(self.verifier, self.model))
+        check_drafter_fits(self.drafter, self.model, runtime=self.verifier)
         if self.tree is not None:
             self._check_tree()
         return table

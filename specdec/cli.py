@@ -58,7 +58,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if (args.prompt is None) == (args.messages is None):
         raise ValueError("give either --prompt TEXT or --messages JSON")
-    out = check_output_path(args.out) if args.out else None  # before any work
+    out = check_output_path(args.out) if args.out is not None else None  # before any work
     prompt = (
         _messages_arg(args.messages) if args.messages is not None else check_text(args.prompt, "--prompt")
     )
@@ -82,7 +82,7 @@ def cmd_bench_verify(args: argparse.Namespace) -> int:
     from specdec.evals.replay import bench_verify
     from specdec.records import atomic_write_json
 
-    out = check_output_path(args.out) if args.out else None
+    out = check_output_path(args.out) if args.out is not None else None
     spec = RunSpec(
         verifier=args.verifier, model=args.model, dtype=args.dtype, device=args.device, drafter="none"
     )

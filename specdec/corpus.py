@@ -22,10 +22,11 @@ import gzip
 import io
 import json
 import os
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -56,13 +57,29 @@ class Corpus:
         meta = self.path / "corpus.json"
         if not meta.is_file():
             raise FileNotFoundError(f"{str(self.path)!r} is not a corpus (no corpus.json): build one first")
-        self.meta: dict[str, Any] = json.loads(meta.read_text())
-        if self.meta.get("format") != FORMAT:
+        try:
+            self.meta: dict[str, Any] = json.loads(meta.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{str(meta)!r} is not a JSON corpus record ({e})") from None
+        if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
             raise ValueError(f"{str(meta)!r} is not a {FORMAT} file")
+        stages, record = self.meta.get("stages"), self.meta.get("verifier")
+        if (
+            not isinstance(stages, dict)
+            or not isinstance(record, dict)
+            or not all(
+                isinstance(s, dict) and {"n_prompts", "chunk_size"} <= s.keys() for s in stages.values()
+            )
+        ):
+            raise ValueError(
+                f"{str(meta)!r} lacks its 'verifier' record or its stages' sizes: not a corpus record"
+            )
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], verifier: Verifier, *, max_len: int) -> Corpus:
         """Open the corpus at `path`, or start one for `verifier` (refusing a folder built by another)."""
+        if not str(path).strip():
+            raise ValueError("the corpus folder is empty; give a folder such as runs/corpus")
         path = Path(path)
         want = {
             "model": verifier.model_name, "vocab_size": verifier.vocab_size,
@@ -121,6 +138,15 @@ class Corpus:
 
     def chunk_path(self, stage: str, n: int) -> Path:
         return self.path / stage / f"chunk-{n:05d}.npz"
+
+    def check_chunks(self) -> None:
+        """Open every chunk file there is (the zip's directory, not the data: milliseconds): a truncated or
+        foreign file is a one-line error here, before a run reads it."""
+        for stage in self.meta["stages"]:
+            for n in range(self.n_chunks(stage)):
+                p = self.chunk_path(stage, n)
+                if p.is_file() and not _open_rows(p, lambda z: set(z.files) >= _ROW_ARRAYS):
+                    _bad(p, f"it lacks the arrays {sorted(_ROW_ARRAYS)}")
 
     def missing_chunks(self, stage: str) -> list[int]:
         return [n for n in range(self.n_chunks(stage)) if not self.chunk_path(stage, n).is_file()]
@@ -181,12 +207,30 @@ def write_rows(path: Path, rows: list[Row], index: list[int] | None = None) -> N
     atomic_write_bytes(path, buf.getvalue())
 
 
+_ROW_ARRAYS = {"keys", "prompt_len", "response_len", "prompt", "response"}
+
+
+def _bad(path: Path, why: str) -> NoReturn:
+    raise ValueError(f"corpus file {str(path)!r} cannot be read ({why}): truncated, or not a corpus chunk")
+
+
+def _open_rows(path: Path, read: Callable[[Any], Any]) -> Any:
+    """`read(z)` of the npz file at `path`, with any failure to read it as one line naming the file."""
+    try:
+        with np.load(path) as z:
+            return read(z)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        _bad(path, f"{type(e).__name__}: {e}")
+
+
 def read_rows(path: Path) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list[int] | None]:
     """The rows of a chunk or partial file, and the partial file's prompt indices (None for a chunk)."""
-    with np.load(path) as z:
-        keys, plen, rlen = z["keys"].tolist(), z["prompt_len"], z["response_len"]
-        prompt, response = z["prompt"], z["response"]
+
+    def read(z: Any) -> tuple:
         index = z["index"].tolist() if "index" in z else None
+        return z["keys"].tolist(), z["prompt_len"], z["response_len"], z["prompt"], z["response"], index
+
+    keys, plen, rlen, prompt, response, index = _open_rows(path, read)
     po, ro = np.concatenate([[0], np.cumsum(plen)]), np.concatenate([[0], np.cumsum(rlen)])
     rows = [(k, prompt[po[i] : po[i + 1]], response[ro[i] : ro[i + 1]]) for i, k in enumerate(keys)]
     return rows, index

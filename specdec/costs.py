@@ -12,6 +12,7 @@ cost curve: a fourth token that costs nothing is drafted, a fifth that doubles t
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +47,9 @@ class VerifyCosts:
         sizes = sorted(seconds)
         if sizes[:2] != [1, 2]:
             raise ValueError(f"the cost table must measure verifies of 1 and 2 tokens; it has sizes {sizes}")
+        bad = {b: c for b, c in seconds.items() if not (math.isfinite(c) and c > 0)}
+        if bad:
+            raise ValueError(f"verify costs must be positive finite numbers; {source} has {bad}")
         one = seconds[1]
         rel = np.interp(np.arange(1, sizes[-1] + 1), sizes, [seconds[s] / one for s in sizes])
         return cls(tuple(float(c) for c in rel), source)

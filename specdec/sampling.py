@@ -61,16 +61,22 @@ class SamplingParams:
 
 
 def warp(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
-    """logits [T, V] -> probabilities [T, V] (fp32) of the distribution plain sampling draws from."""
-    x = logits.float() / sp.temperature
+    """logits [T, V] -> probabilities [T, V] (fp32) of the distribution plain sampling draws from. Limits
+    are taken as limits: a temperature so small that logits / T overflows gives the top token (the top
+    tokens, shared equally, at an exact tie), a top_p below fp32's smallest number keeps the top token."""
+    x = logits.float()
+    # shifted so the top logit is 0: dividing by a tiny temperature then gives 0 and -inf, never inf - inf
+    x = (x - x.amax(-1, keepdim=True)) / sp.temperature
     if sp.top_k and sp.top_k < x.shape[-1]:
         kth = x.topk(sp.top_k, dim=-1).values[..., -1:]  # [T, 1]
         x = x.masked_fill(x < kth, float("-inf"))
     probs = x.softmax(-1)
     if sp.top_p < 1:
         sorted_p, order = probs.sort(-1, descending=True)
-        # drop a token when the mass before it already reaches top_p (the top token always stays)
+        # drop a token when the mass before it already reaches top_p; the top token always stays (a top_p
+        # that fp32 rounds to 0 would otherwise drop it too)
         drop = (sorted_p.cumsum(-1) - sorted_p) >= sp.top_p
+        drop[..., 0] = False
         probs = probs.masked_fill(drop.scatter(-1, order, drop), 0.0)
     if sp.min_p > 0:
         probs = probs.masked_fill(probs < sp.min_p * probs.amax(-1, keepdim=True), 0.0)

@@ -197,6 +197,7 @@ def test_fetch_smollm2_fresh_then_instant(tmp_path):
     text, v, diff = _check_loads(path, model_type="llama")
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     assert v.eos_token_ids == frozenset({2}) and v.num_layers == 30 and v.hidden_size == 576
+    assert MODELS["smollm2-135m"].shape == (v.num_layers, v.hidden_size, v.vocab_size)  # checked before fetch
     if diff is not None:
         assert diff.abs().max() < 1e-3  # same fp32 weights, same rope_theta in both runtimes
 
@@ -214,6 +215,7 @@ def test_fetch_gemma3():
     text, v, _ = _check_loads(path, model_type="gemma3_text")
     assert text == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
     assert v.eos_token_ids == frozenset({1, 106})
+    assert MODELS["gemma3-270m"].shape == (v.num_layers, v.hidden_size, v.vocab_size)  # checked before fetch
     assert v.tokenizer.convert_ids_to_tokens(106) == "<end_of_turn>"
 
 

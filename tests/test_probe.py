@@ -4,6 +4,9 @@ Each test here reproduced its bug before the fix."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,7 +17,8 @@ import pytest
 import torch
 from drafters import ScriptedDrafter, TreeDrafter
 
-from specdec.api import load_drafter
+from specdec.api import RunSpec, check_drafter, load_drafter
+from specdec.cli import main
 from specdec.engine import DecodeConfig, generate
 from specdec.stream import ChatSession, Engine
 from specdec.tree import TreeBudget
@@ -207,3 +211,229 @@ def test_a_bf16_stub_chat_session_after_an_edited_first_message_equals_a_fresh_r
     edited.text()
     fresh = Engine(StubVerifier(dtype=torch.bfloat16), None).complete(edited.prompt_ids, max_tokens=48)
     assert edited.result.reused_tokens > 0 and edited.result.output_tokens == fresh.output_tokens
+
+
+# ---- the one-line refusals: before anything loads, naming what is wrong ---------------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
+    rc = main(list(argv))
+    err = capsys.readouterr().err
+    return rc, err
+
+
+def _one_line_error(rc: int, err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error:") or "Traceback" in line]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
+    return lines[0]
+
+
+def _dflash_folder(path: Path, **config: object) -> Path:
+    """The stub-sized DFlash checkpoint of the hardening tests, its config.json patched with `config`."""
+    from test_hardening import _stub_drafter_folder
+
+    folder = _stub_drafter_folder(path)
+    raw = json.loads((folder / "config.json").read_text())
+    for k, v in config.items():
+        if v is _DROP:
+            raw.pop(k)
+        else:
+            raw[k] = v
+    (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+_DROP = object()
+_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 259}
+FORMATS = {
+    "speculators eagle3": ({"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                            "speculators_config": {"proposal_methods": []}},
+                           "an EAGLE-3 drafter (speculators format), which specdec does not read yet"),
+    "sglang eagle3": ({**_LLAMA, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32},
+                      "an EAGLE-3 drafter (SGLang format)"),
+    "yuhuili eagle3": ({**_LLAMA, "architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32},
+                       "an EAGLE-3 drafter (yuhuili format)"),
+    "speculators dflash": ({"speculators_model_type": "dflash", "speculators_config": {}},
+                           "a DFlash drafter (speculators format), which specdec does not read yet"),
+    "medusa": ({"medusa_num_heads": 4, "medusa_num_layers": 1}, "a Medusa drafter, which"),
+    "gemma4 assistant": ({"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantModel"]},
+                         "a Gemma-4 assistant drafter, which"),
+    "split mtp": ({"model_type": "qwen3_5_mtp"}, "MTP drafter layers (split format)"),
+    "dspark": ({"architectures": ["DSparkDraftModel"], "markov_rank": 8}, "a DSpark drafter"),
+    "qwen3.5 with mtp": ({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                          "text_config": {"mtp_num_hidden_layers": 1}},
+                         "its MTP layers are not read yet; to draft with it token by token, pass "
+                         "--drafter model:"),
+    "causal lm": ({**_LLAMA, "architectures": ["LlamaForCausalLM"]},
+                  "a causal LM (model_type 'llama', architectures ['LlamaForCausalLM']), not a drafter "
+                  "checkpoint; to draft with it token by token, pass --drafter model:"),
+    "pard": ({**_LLAMA, "architectures": ["Qwen3ForCausalLM"], "pard_token": 151669},
+             "a PARD parallel draft model"),
+    "unknown": ({"foo": 1}, "an unrecognised checkpoint; specdec reads DFlash / DFlash2 checkpoints"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_other_drafter_formats_are_named_not_diagnosed_as_broken_dflash(kind, tmp_path: Path, capsys):
+    config, says = FORMATS[kind]
+    folder = tmp_path / kind.replace(" ", "-")
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=re.escape(says)):
+        check_drafter(str(folder))
+    line = _one_line_error(
+        *_cli(capsys, "generate", "--verifier", "stub", "--drafter", str(folder), "--prompt", "x")
+    )
+    assert says in line and "DFlash config is missing" not in line
+
+
+def test_a_drafter_folder_given_as_the_model_is_refused_before_transformers_builds_a_random_model(
+    tmp_path: Path, capsys
+):
+    folder = _dflash_folder(tmp_path / "d")
+    line = _one_line_error(
+        *_cli(capsys, "generate", "--verifier", "hf", "--model", str(folder), "--prompt", "x")
+    )
+    assert (
+        "holds a DFlash drafter (public format), not a model: it drafts for one (pass it as --drafter)"
+        in line
+    )
+    from specdec.verifiers.hf import HFVerifier
+
+    with pytest.raises(ValueError, match="not a model"):
+        HFVerifier(folder)
+
+
+CONFIGS = {
+    "no kv heads": ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
+    "null hidden size": ({"hidden_size": None}, "hidden_size must be a positive integer, got None"),
+    "dflash_config a string": ({"dflash_config": "oops"}, "dflash_config must be an object, got 'oops'"),
+    "head_dim a string": ({"head_dim": "16"}, "head_dim must be a positive integer, got '16'"),
+    "huge block": ({"block_size": 100000}, "block_size 100000 is not 2..64"),
+}
+
+
+@pytest.mark.parametrize("case", CONFIGS)
+def test_malformed_dflash_configs_are_one_line(case, tmp_path: Path, capsys):
+    patch, says = CONFIGS[case]
+    folder = _dflash_folder(tmp_path / "d", **patch)
+    line = _one_line_error(
+        *_cli(capsys, "generate", "--verifier", "stub", "--drafter", str(folder), "--prompt", "x")
+    )
+    assert says in line
+
+
+def test_a_checkpoint_missing_a_weight_is_refused_as_model_and_as_draft_model(tmp_path: Path):
+    import tinymodels
+    from safetensors.torch import load_file, save_file
+
+    from specdec.verifiers.hf import HFVerifier
+
+    path = tinymodels.tiny_tokenizer(tinymodels.tiny_llama(tmp_path / "m"))
+    full = HFVerifier(path)
+    (weights,) = path.glob("*.safetensors")
+    state = load_file(weights)
+    del state["model.layers.1.mlp.down_proj.weight"]
+    save_file(state, weights, metadata={"format": "pt"})
+    says = r"lacks 1 of the model's weights \(model.layers.1.mlp.down_proj.weight\)"
+    with pytest.raises(ValueError, match=says):
+        HFVerifier(path)
+    with pytest.raises(ValueError, match=says):
+        load_drafter(f"model:{path}", verifier=full)
+
+
+def test_links_at_the_staging_paths_of_old_are_never_written_through(tmp_path: Path, capsys):
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    for name in ("r.steps.jsonl.tmp", ".r.json.tmp", ".r.steps.jsonl.tmp"):
+        (tmp_path / name).symlink_to(victim)
+    rc, err = _cli(capsys, "generate", "--verifier", "stub", "--prompt", "hi", "--max-new-tokens", "4",
+                   "--out", str(tmp_path / "r.json"))  # fmt: skip
+    assert rc == 0, err
+    assert victim.read_text() == "mine\n"
+    steps = tmp_path / "r.steps.jsonl"
+    assert steps.is_file() and not steps.is_symlink() and len(steps.read_text().splitlines()) >= 2
+
+
+@pytest.mark.parametrize("flags", [["--temperature", "1e-40"], ["--temperature", "1", "--top-p", "1e-300"]])
+def test_degenerate_sampling_gives_the_top_token_not_empty_text(flags, capsys):
+    """Both used to make an all-NaN distribution: 16 tokens of nothing."""
+    argv = ["generate", "--verifier", "stub", "--prompt", "The cat", "--max-new-tokens", "16"]
+    assert main(argv) == 0
+    greedy = capsys.readouterr().out
+    assert main([*argv, *flags]) == 0
+    assert capsys.readouterr().out == greedy and greedy.strip()
+
+
+def test_degenerate_sampling_over_the_server_is_the_greedy_answer():
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from test_server import _serve
+
+    for s in _serve(Engine(StubVerifier()), model_name="stub"):
+        url, body = s.url + "/v1/completions", {"prompt": "The cat", "max_tokens": 12}
+        texts = [
+            httpx.post(url, json={**body, **kw}, timeout=60).json()["choices"][0]["text"]
+            for kw in ({}, {"temperature": 1e-40}, {"temperature": 1.0, "top_p": 1e-300})
+        ]
+        assert texts[0].strip() and texts == [texts[0]] * 3
+
+
+def test_a_truncated_corpus_chunk_or_record_is_named_before_the_model_loads(tmp_path: Path):
+    from specdec.bundled import bundled_corpus
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(bundled_corpus("smollm2-135m"), corpus)
+    chunk = next(corpus.glob("turn1/chunk-*.npz"))
+    chunk.write_bytes(chunk.read_bytes()[:1000])
+    spec = RunSpec(
+        verifier="hf", model="smollm2-135m", drafter="bundled:smollm2-135m+lookup", corpus=str(corpus)
+    )
+    with pytest.raises(ValueError, match=re.escape(f"corpus file {str(chunk)!r} cannot be read")):
+        spec.check()
+    (corpus / "corpus.json").write_text("{not json")
+    with pytest.raises(
+        ValueError, match=re.escape(f"{str(corpus / 'corpus.json')!r} is not a JSON corpus record")
+    ):
+        spec.check()
+
+
+@pytest.mark.parametrize("relative", [{"1": 0, "2": 0}, {"1": -1.0, "2": -2.0}])
+def test_zero_or_negative_verify_costs_are_one_line(relative, tmp_path: Path, capsys):
+    table = tmp_path / "T.json"
+    table.write_text(json.dumps({"relative": {"128": relative}}))
+    folder = _dflash_folder(tmp_path / "d")
+    line = _one_line_error(*_cli(capsys, "generate", "--verifier", "stub", "--drafter", str(folder),
+                                 "--tree", "auto", "--costs", str(table), "--prompt", "x"))  # fmt: skip
+    assert "verify costs must be positive finite numbers" in line
+
+
+def test_a_draft_model_or_corpus_of_another_model_is_refused_before_the_model_loads():
+    """Both used to be refused only after the verifier loaded (98 s / 28 s); the known models' shapes
+    are known without fetching them."""
+    with pytest.raises(
+        ValueError, match=r"its vocabulary has 262144 tokens, the verifier's model 'smollm2-135m' 49152"
+    ):
+        RunSpec(verifier="hf", model="smollm2-135m", drafter="model:gemma3-270m").check()
+    with pytest.raises(ValueError, match=r"written by .*gemma.* not by the verifier's model 'smollm2-135m'"):
+        RunSpec(
+            verifier="hf",
+            model="smollm2-135m",
+            drafter="bundled:smollm2-135m+lookup",
+            corpus="bundled:gemma3-270m",
+        ).check()
+
+
+def test_an_empty_out_is_refused(capsys):
+    line = _one_line_error(*_cli(capsys, "generate", "--verifier", "stub", "--prompt", "x", "--out", ""))
+    assert "the output path is empty" in line
+
+
+def test_replay_refuses_a_block_larger_than_its_drafters_before_the_model_loads(tmp_path: Path, capsys):
+    from specdec.evals.replay import main as replay
+
+    folder = _dflash_folder(tmp_path / "d")  # block size 4
+    rc = replay(["--verifier", "stub", "--drafter", str(folder), "--block-size", "6"])
+    line = _one_line_error(rc, capsys.readouterr().err)
+    assert "--block-size 6 exceeds drafter" in line and "block size 4" in line
+    assert replay(["--verifier", "stub", "--drafter", str(folder), "--block-size", "100"]) == 2

@@ -160,15 +160,17 @@ def test_jsonl_flushes_each_line_and_replaces_only_on_commit(tmp_path):
     p.write_text("earlier run\n")
     w = JsonlWriter(p)
     w.write({"i": 1})
-    tmp = tmp_path / "s.jsonl.tmp"
+    tmp = w.tmp
+    assert tmp.parent == tmp_path and tmp.name.startswith(".s.jsonl.") and tmp.suffix == ".tmp"
     assert json.loads(tmp.read_text()) == {"i": 1}  # readable before close: a crash keeps it
     assert p.read_text() == "earlier run\n"  # not truncated by a run that may still fail
     w.close()
     assert p.read_text() == "earlier run\n"
     w = JsonlWriter(p)
+    assert w.tmp != tmp  # a fresh name each time
     w.write({"i": 2})
     w.commit()
-    assert json.loads(p.read_text()) == {"i": 2} and not tmp.exists()
+    assert json.loads(p.read_text()) == {"i": 2} and not w.tmp.exists()
 
 
 def test_output_path_checks(tmp_path):

@@ -389,7 +389,7 @@ def test_corpus_on_the_cli(tmp_path, capsys):
     meta["verifier"]["vocab_size"] += 1
     (tmp_path / "corpus" / "corpus.json").write_text(json.dumps(meta))
     assert main([*base, "--corpus", str(tmp_path / "corpus")]) == 2
-    assert "not by this verifier" in capsys.readouterr().err
+    assert "not by the verifier's model" in capsys.readouterr().err
 
 
 def test_engine_corpus_option(tmp_path, capsys):
@@ -422,7 +422,7 @@ def test_engine_corpus_option(tmp_path, capsys):
     meta["verifier"]["vocab_size"] += 1
     (tmp_path / "corpus" / "corpus.json").write_text(json.dumps(meta))
     assert main([*base, "--drafter", f"{ckpt}+lookup", "--corpus", corpus]) == 2
-    assert "not by this verifier" in capsys.readouterr().err
+    assert "not by the verifier's model" in capsys.readouterr().err
 
 
 def test_load_drafter_refuses_a_bad_corpus_cut_before_loading(tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
 from specdec.engine import DecodeConfig, generate
@@ -548,3 +549,31 @@ def test_repeat_anchors_start_more_blocks_inside_repeats(stub: StubVerifier, dat
     assert torch.equal(uniform.anchors_for(i, 0), want)
     with pytest.raises(ValueError, match="repeat_anchors must be > 0, got 0"):
         tiny(tmp_path, repeat_anchors=0.0).validate()
+
+
+def test_a_non_finite_loss_stops_training_and_keeps_the_good_checkpoints(
+    stub: StubVerifier, data: Path, tmp_path: Path
+) -> None:
+    """`--repeat-weight 1e308` trained NaN from its first step and saved a NaN drafter that loaded fine."""
+    out = tmp_path / "run"
+    train(stub, data, tiny(out, steps=4, save_every=1, keep_checkpoints=4))
+    for late in ("checkpoint-000003", "checkpoint-000004"):  # as if it had stopped after step 2
+        shutil.rmtree(out / late)
+    good = load_file(out / "checkpoint-000002" / "model.safetensors")
+    with pytest.raises(RuntimeError, match=r"training stopped at step 3: the loss .* is not finite"):
+        train(stub, data, tiny(out, steps=4, save_every=1, keep_checkpoints=4, repeat_weight=1e308))
+    assert [p.name for p in sorted(out.glob("checkpoint-*"))] == ["checkpoint-000001", "checkpoint-000002"]
+    after = load_file(out / "checkpoint-000002" / "model.safetensors")
+    assert all(torch.equal(good[k], after[k]) for k in good)
+
+
+def test_checkpoints_are_staged_in_a_fresh_folder_never_through_a_planted_link(
+    stub: StubVerifier, data: Path, tmp_path: Path
+) -> None:
+    victim, out = tmp_path / "victim", tmp_path / "run"
+    victim.mkdir()
+    out.mkdir()
+    (out / ".tmp-checkpoint-000001").symlink_to(victim)  # where a save used to stage step 1
+    train(stub, data, tiny(out, steps=1))
+    assert list(victim.iterdir()) == [] and (out / "checkpoint-000001" / "model.safetensors").is_file()
+    assert not list(out.glob(".checkpoint-*.tmp"))  # nothing left staged

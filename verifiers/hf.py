@@ -293,10 +293,22 @@ class HFVerifier:
             )
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        from specdec.drafting.formats import refuse_as_model
+        from specdec.models import read_config
+
+        raw = read_config(path)
+        if raw is not None:  # a drafter folder: transformers would build a random model from it
+            refuse_as_model(path, raw)
         config = AutoConfig.from_pretrained(path)
         _check_layer_types(config.get_text_config(decoder=True), path.name)  # before the weights load
+        from transformers.utils import logging as hf_logging
+
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # its load report: a missing weight is our one-line error below
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, config=config)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, config=config, output_loading_info=True
+            )
         except ValueError as e:  # transformers' "Unrecognized configuration class ..."
             raise ValueError(
                 f"unsupported architecture in {str(path)!r} (model_type {config.model_type!r}): "
@@ -304,6 +316,15 @@ class HFVerifier:
             ) from e
         except Exception as e:  # safetensors' SafetensorError, OSError: truncated or unreadable weights
             raise ValueError(f"cannot load the weights in {str(path)!r}: {type(e).__name__}: {e}") from None
+        finally:
+            hf_logging.set_verbosity(level)
+        missing = sorted(info["missing_keys"])
+        if missing:  # transformers would run them as random numbers
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ValueError(
+                f"the checkpoint in {str(path)!r} lacks {len(missing)} of the model's weights "
+                f"({', '.join(missing[:5])}{more}): truncated or converted incompletely"
+            )
         return model.to(device)
 
     @staticmethod

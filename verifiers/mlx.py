@@ -57,6 +57,7 @@ from specdec.bridges.mlx import (
     text_model,
     to_torch,
 )
+from specdec.drafting.formats import refuse_as_model
 from specdec.kernels import MAX_VERIFY_TOKENS, PROBE_CHUNKS
 from specdec.memory import mlx_probe
 from specdec.models import config_fixes
@@ -305,6 +306,7 @@ class MLXVerifier:
 
         path = _download(str(path_or_repo))  # local folders are returned as they are
         config = json.loads((path / "config.json").read_text())
+        refuse_as_model(path, config)  # a drafter folder, not a model
         model, config = load_model(path, model_config=config_fixes(config), get_model_classes=_classes)
         tok_files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
         tokenizer = None

@@ -1,6 +1,7 @@
 """Drafting: everything that proposes tokens for the verifier to check.
 
     checkpoint.py   the public DFlash checkpoint format (config.json + model.safetensors), its checks
+    formats.py      what a checkpoint folder is from its config.json: other drafter formats named, not misread
     dflash.py       the PyTorch DFlash drafter (model, block proposer, `Drafter` adapter)
     dflash2.py      what DFlash2 adds to the backbone: the dynamic convolutions, the candidate selector
     dflash_mlx.py   the same drafter in MLX, beside an MLX verifier (imports mlx)

@@ -133,6 +133,42 @@ def _dflash2_fields(d2: DFlash2Config) -> dict[str, Any]:
     return out
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _field_problems(raw: Mapping[str, Any]) -> list[str]:
+    """What is of the wrong JSON type or range in a config dict, before any field is used (a string where
+    a size belongs would otherwise be multiplied into nonsense shapes, a 0 divided by)."""
+    dflash = raw.get("dflash_config")
+    if dflash is not None and not isinstance(dflash, Mapping):
+        return [f"dflash_config must be an object, got {dflash!r}"]
+    dflash = dflash or {}
+
+    def get(k: str) -> Any:
+        return dflash.get(k, raw.get(k))
+
+    out = [f"{k} must be a positive integer, got {raw[k]!r}" for k in _REQUIRED
+           if k in raw and not (_is_int(raw[k]) and raw[k] >= 1)]  # fmt: skip
+    positive = ("head_dim", "block_size", "max_position_embeddings", "sliding_window", *DFlash2Config.FIELDS)
+    out += [f"{k} must be a positive integer, got {get(k)!r}" for k in positive
+            if get(k) is not None and not (_is_int(get(k)) and get(k) >= 1)]  # fmt: skip
+    if get("mask_token_id") is not None and not _is_int(get("mask_token_id")):
+        out.append(f"mask_token_id must be an integer, got {get('mask_token_id')!r}")
+    for k in ("target_layer_ids", "draft_vocab"):
+        v = get(k)
+        if v is not None and not (isinstance(v, list) and all(_is_int(i) for i in v)):
+            out.append(f"{k} must be a list of integers, got {v!r}")
+    types = raw.get("layer_types")
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        out.append(f"layer_types must be a list of strings, got {types!r}")
+    for k in ("rms_norm_eps", "rope_theta"):
+        v = raw.get(k)
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+            out.append(f"{k} must be a positive number, got {v!r}")
+    return out
+
+
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """The public default: one target layer per draft layer, evenly spaced from 1 to L-3 (L//2 for one)."""
     if num_draft_layers == 1:
@@ -297,6 +333,9 @@ class DFlashConfig:
     def from_dict(cls, raw: Mapping[str, Any], *, num_target_features: int | None = None) -> DFlashConfig:
         """Parse a public-format config dict. `num_target_features` (K, e.g. from `fc.weight`) picks the
         default layer ids when the config names none; without it the public default K = draft layers."""
+        problems = _field_problems(raw)
+        if problems:
+            raise ValueError("invalid DFlash config: " + "; ".join(problems))
         missing = [k for k in _REQUIRED if k not in raw]
         dflash = dict(raw.get("dflash_config") or {})
         mask_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
@@ -472,6 +511,12 @@ def load_config(path: str | Path) -> DFlashConfig:
         raise ValueError(f"{str(file)!r} is not a JSON config: {e}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{str(file)!r} is not a JSON config: a {type(raw).__name__}, not an object")
+    from specdec.drafting.formats import refuse_as_drafter
+
+    refuse_as_drafter(path, raw, name=str(path))  # another format is named as what it is
+    problems = _field_problems(raw)
+    if problems:
+        raise ValueError(f"invalid DFlash config {str(file)!r}: " + "; ".join(problems))
     k = None
     ids = (raw.get("dflash_config") or {}).get("target_layer_ids", raw.get("target_layer_ids"))
     if ids is None and (path / WEIGHTS_NAME).is_file() and "hidden_size" in raw:

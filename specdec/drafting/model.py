@@ -246,6 +246,33 @@ def check_draft_model(name: str) -> None:
         )
 
 
+def check_draft_model_fits(name: str, target: Any, *, folder: Path | None) -> None:
+    """Before anything loads: the draft model `name` (after `model:`) against the verifier's model as known
+    then (`target`: its `model_name` and `vocab_size`, `specdec.models.model_shape`; `folder`: its folder
+    where on disk): another vocabulary size is refused, and where both folders are on disk the tokenizers
+    are compared token by token (`tokenizer_mismatch`, as `load_draft_model` does once the verifier is
+    loaded)."""
+    from specdec.models import local_folder, model_shape
+
+    label = f"model:{name}"
+    draft = model_shape("stub" if name == "stub" else "hf", name)
+    if draft is not None and draft.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"drafter {label!r}: its vocabulary has {draft.vocab_size} tokens, the verifier's model "
+            f"{target.model_name!r} {target.vocab_size}: a draft model must share the verifier's tokenizer"
+        )
+    mine = local_folder(name) if name != "stub" else None
+    if mine is not None and folder is not None:
+        from specdec.verifiers.hf import HFVerifier
+
+        why = tokenizer_mismatch(
+            HFVerifier.load_tokenizer(mine), HFVerifier.load_tokenizer(folder), draft_name=mine.name,
+            target_name=target.model_name,
+        )  # fmt: skip
+        if why:
+            raise ValueError(f"drafter {label!r}: {why}")
+
+
 def load_draft_model(
     name: str,
     *,

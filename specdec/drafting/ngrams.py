@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -113,11 +114,12 @@ def chances_of(corpus: CorpusNgrams | None) -> Chances:
 
 
 def check_corpus(
-    path: str | os.PathLike[str], *, drafter: str | None = None, cut: float | None = None
+    path: str | os.PathLike[str], *, drafter: str | None = None, cut: float | None = None, target: Any = None
 ) -> dict:
     """The verifier record of the corpus folder at `path` (cheap: before any model loads); an error where
-    it is not one, where `drafter` (a spec) is not a '+lookup' one, which the corpus drafts for, or where
-    `cut` is not a share."""
+    it is not one (its chunk files opened too: a truncated one fails here), where `drafter` (a spec) is not
+    a '+lookup' one, which the corpus drafts for, where `cut` is not a share, or where `target` (a
+    verifier, or its `model_name` and `vocab_size` read before it loads) did not write it."""
     from specdec.bundled import corpus_path
     from specdec.corpus import Corpus
 
@@ -127,7 +129,15 @@ def check_corpus(
         )
     if cut is not None:
         DraftPolicy(corpus_cut=cut)  # a share, or a one-line error
-    return Corpus(corpus_path(path)).meta["verifier"]
+    corpus = Corpus(corpus_path(path))
+    corpus.check_chunks()
+    meta = corpus.meta["verifier"]
+    if target is not None and meta.get("vocab_size") != target.vocab_size:
+        raise ValueError(
+            f"corpus {str(path)!r} was written by {meta.get('model')!r} (vocab {meta.get('vocab_size')}), "
+            f"not by the verifier's model {target.model_name!r} (vocab {target.vocab_size})"
+        )
+    return meta
 
 
 def load_corpus_ngrams(path: str | os.PathLike[str], verifier: Verifier) -> CorpusNgrams:
@@ -139,12 +149,7 @@ def load_corpus_ngrams(path: str | os.PathLike[str], verifier: Verifier) -> Corp
     from specdec.corpus import Corpus
 
     path = corpus_path(path)
-    meta = check_corpus(path)
-    if meta.get("vocab_size") != verifier.vocab_size:
-        raise ValueError(
-            f"corpus {str(path)!r} was written by {meta.get('model')!r} (vocab {meta.get('vocab_size')}), "
-            f"not by this verifier (vocab {verifier.vocab_size})"
-        )
+    check_corpus(path, target=verifier)
     t = time.perf_counter()
     sequences = Corpus(path).all_sequences()
     table = CorpusNgrams(s.ids[s.prompt_len :] for s in sequences)

@@ -35,6 +35,7 @@ from torch import nn
 from specdec.drafting.checkpoint import DFlashConfig, load_checkpoint, load_config, save_checkpoint
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.protocols import EmbedFn, LMHeadFn, Verifier
+from specdec.records import staging_dir
 from specdec.train.data import (
     TrainData,
     anchor_range,
@@ -137,6 +138,7 @@ class TrainConfig:
         checks = [
             (2 <= self.block_size <= MAX_VERIFY_TOKENS, f"block_size must be 2..{MAX_VERIFY_TOKENS} (a block "
              f"of 1 drafts nothing, one verify holds at most {MAX_VERIFY_TOKENS}), got {self.block_size}"),
+            (bool(str(self.out_dir).strip()), "out_dir is empty; give a folder for the checkpoints"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.repeat_weight > 0, f"repeat_weight must be > 0, got {self.repeat_weight}"),
             (self.repeat_anchors > 0, f"repeat_anchors must be > 0, got {self.repeat_anchors}"),
@@ -555,13 +557,20 @@ class _Run:
         r = self.loss(self.batch(local, step), self.cfg.kl_weight)
         denom = ctx.all_sum(r["weight_sum"].detach().clone())
         (r["loss_sum"] * ctx.world / denom).backward()  # DDP averages over ranks: a global-batch gradient
-        gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip))  # alike on every rank
+        st = torch.stack([r["loss_sum"].detach(), r["correct"], r["count"], r["accept_sum"], r["n_anchors"]])
+        st = ctx.all_sum(st)
+        if not (math.isfinite(gnorm) and math.isfinite(float(st[0]))):  # before the weights take it
+            raise RuntimeError(
+                f"training stopped at step {step + 1}: the loss ({float(st[0] / denom):g}) or its gradient "
+                f"(norm {gnorm:g}) is not finite; the weights were not updated with it, and the checkpoints "
+                "saved before are good (lower --lr, --repeat-weight or --kl-weight)"
+            )
         lr = self.sched.get_last_lr()[0]
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        st = torch.stack([r["loss_sum"].detach(), r["correct"], r["count"], r["accept_sum"], r["n_anchors"]])
-        return ctx.all_sum(st), denom, float(gnorm), lr
+        return st, denom, gnorm, lr
 
     def evaluate(self, step: int) -> dict[str, Any]:
         """Held-out teacher-forced accuracy / acceptance length, and the engine's acceptance length."""
@@ -587,8 +596,8 @@ class _Run:
 
     def save(self, step: int) -> Path:
         """checkpoint-NNNNNN/ (public format + trainer_state.pt), written to a temporary name and renamed."""
-        path, tmp = self.out / f"checkpoint-{step:06d}", self.out / f".tmp-checkpoint-{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        path = self.out / f"checkpoint-{step:06d}"
+        tmp = staging_dir(self.out, path.name)
         save_checkpoint(tmp, self.dcfg, {k: v.detach().float() for k, v in self.model.state_dict().items()})
         state = {
             "step": step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
@@ -599,6 +608,9 @@ class _Run:
         torch.save(state, tmp / STATE_NAME)
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
+        for stale in self.out.glob(".checkpoint-*.tmp"):  # staging folders of saves that were interrupted
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
         for _, old in checkpoints(self.out)[: -self.cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         return path
