@@ -371,7 +371,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from specdec.api import RunSpec, check_drafter, load, load_drafter
     from specdec.chat import encode_prompt
-    from specdec.drafting.checkpoint import load_config
     from specdec.engine import generate
     from specdec.evals.datasets import load_dataset, second_turn_messages
     from specdec.evals.run import _answer_text
@@ -382,13 +381,13 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.corpus:
         check_corpus(args.corpus)  # a bad folder fails before the model loads
-    for name in args.drafter:  # each drafter's config and weights header, before the model loads
-        path = check_drafter(name)
-        if path is None:
+    plans = [check_drafter(name) for name in args.drafter]  # config and weights header, before any load
+    for name, plan in zip(args.drafter, plans):
+        if plan.checkpoint is None or plan.spec.lookup:
             raise ValueError(
                 f"--drafter {name!r}: give a DFlash drafter (lookup is replayed with and without)"
             )
-        block = load_config(path).block_size
+        block = plan.block_size
         if args.block_size is not None and args.block_size > block:
             raise ValueError(f"--block-size {args.block_size} exceeds drafter {name!r}'s block size {block}")
     model = args.model or (None if args.verifier == "stub" else "smollm2-135m")
@@ -397,8 +396,8 @@ def _run(args: argparse.Namespace) -> int:
     verifier = m.verifier
     corpus = load_corpus_ngrams(args.corpus, verifier) if args.corpus else None
     drafters = []
-    for name in args.drafter:  # all loaded and checked before the long part
-        d = load_drafter(name, verifier=verifier, dtype=m.dtype, device=args.device)
+    for name, plan in zip(args.drafter, plans):  # all loaded and checked before the long part
+        d = load_drafter(plan, verifier=verifier, dtype=m.dtype, device=args.device)
         if not isinstance(d, DFlashDrafter):
             raise ValueError(
                 f"--drafter {name!r}: give a DFlash drafter (lookup is replayed with and without)"

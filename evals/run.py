@@ -51,6 +51,7 @@ from specdec.args import (
     sampling_of,
 )
 from specdec.chat import encode_prompt, prompt_format
+from specdec.drafting.spec import DrafterSpec
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.datasets import DATASETS, PromptRecord, load_dataset, second_turn_messages
 from specdec.memory import max_record
@@ -387,9 +388,9 @@ def run_eval(
 ) -> dict[str, Any]:
     """Run baseline and spec on every record (interleaved), then peers (the runtime's own generate, and
     `peer_drafters` in our loop); return (and write) the result JSON."""
-    from specdec.api import run_config
+    from specdec.records import run_config
 
-    if drafter is None or cfg.block_size < 2:
+    if cfg.drafting(drafter) is None:
         raise ValueError(
             f"an eval compares a drafter against the AR baseline: give a drafter and block_size >= 2 "
             f"(got drafter {getattr(drafter, 'name', None)!r}, block_size {cfg.block_size})"
@@ -573,7 +574,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     from specdec.evals.report import print_summary_table
 
-    if args.drafter in (None, "none"):
+    if DrafterSpec.parse(args.drafter).autoregressive:
         raise ValueError("--drafter none: an eval compares a drafter against the AR baseline")
     check_output_dir(args.out, OUTPUT_NAMES)  # before any work
     spec = run_spec(args)
@@ -590,9 +591,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"drafter-{rt}": drafter_for(spec, verifier, dtype=m.dtype, costs=m.costs, runtime=rt)
         for rt in others
     }
-    cfg = DecodeConfig(
-        max_new_tokens=args.max_new_tokens, block_size=m.block_size, sampling=sampling, tree=m.tree
-    )
+    cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling)
     result = run_eval(
         verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,
         peers=not args.no_peers, warmup=not args.no_warmup, progress=not args.quiet,

@@ -22,7 +22,6 @@ from specdec.args import (
     sampling_of,
 )
 from specdec.chat import check_messages, check_text
-from specdec.engine import DecodeConfig
 from specdec.records import check_output_dir, check_output_path, format_bytes
 
 
@@ -64,9 +63,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     sampling = sampling_of(args)
     m = load(run_spec(args))
-    cfg = DecodeConfig(
-        max_new_tokens=args.max_new_tokens, block_size=m.block_size, sampling=sampling, tree=m.tree
-    )
+    cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling)
     result = run(m.verifier, [prompt], drafter=m.drafter, cfg=cfg, out=out, progress=False)
     text = result["prompts"][0]["text"]
     print(text if text is not None else result["prompts"][0]["output_tokens"])
@@ -138,7 +135,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     m = load(spec)
     verifier, drafter = m.verifier, m.drafter
     records = load_dataset("humaneval", args.limit)
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, block_size=m.block_size)
+    cfg = m.decode_config(max_new_tokens=args.max_new_tokens)
     print(
         f"{runtime} verifier {verifier.model_name} ({m.dtype}) + {drafter.name} on {device}", file=sys.stderr
     )
@@ -150,7 +147,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="specdec", description=__doc__)
+    from specdec.drafting.registry import kinds_help
+
+    epilog = (
+        "--drafter takes none, prompt-lookup, model:<folder | name | hub id> (a draft model), or a drafter "
+        f"checkpoint (bundled:<model>, a folder, a hub id) of a kind specdec reads: {kinds_help()}; "
+        "any but none and prompt-lookup with +lookup"
+    )
+    p = Parser(prog="specdec", description=__doc__, epilog=epilog)
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="decode one prompt and print the text and a summary")

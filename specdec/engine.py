@@ -42,12 +42,38 @@ _NO_DRAFTER = unmeasured("no drafter in this run")
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeConfig:
+    """How one run decodes; `decode_config` puts it together for a loaded drafter."""
+
     max_new_tokens: int = 256
     block_size: int = 16  # 1 = autoregressive baseline
     stop_token_ids: frozenset[int] | None = None  # None: the verifier's EOS ids
     max_context: int | None = None  # None: the verifier's limit
     sampling: SamplingParams | None = None  # None or temperature 0: greedy
     tree: TreeBudget | None = None  # verify a tree of drafts per step (`specdec.tree`); None: a chain
+
+    def drafting(self, drafter: Drafter | None) -> Drafter | None:
+        """The drafter a run with this config drafts with: None for the autoregressive baseline (no
+        drafter, or blocks of 1) - the one place that decides it."""
+        return drafter if self.block_size > 1 else None
+
+
+def decode_config(
+    drafter: Drafter | None,
+    *,
+    block_size: int | None = None,
+    tree: TreeBudget | None = None,
+    max_new_tokens: int = 256,
+    sampling: SamplingParams | None = None,
+    stop_token_ids: frozenset[int] | None = None,
+    max_context: int | None = None,
+) -> DecodeConfig:
+    """The `DecodeConfig` of a run with `drafter` (None: the autoregressive baseline, blocks of 1 and no
+    tree), drafting blocks of `block_size` (None: the drafter's own) and verifying trees within `tree`."""
+    block = 1 if drafter is None else block_size or drafter.block_size
+    return DecodeConfig(
+        max_new_tokens=max_new_tokens, block_size=block, stop_token_ids=stop_token_ids,
+        max_context=max_context, sampling=sampling, tree=tree if block > 1 else None,
+    )  # fmt: skip
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -93,7 +119,8 @@ def check_request(
             f"prompt of {len(prompt)} tokens leaves no room in the context of {limit} positions "
             f"of {verifier.model_name!r}; shorten it"
         )
-    if drafter is not None and cfg.block_size > 1:
+    drafter = cfg.drafting(drafter)
+    if drafter is not None:
         check_compatible(verifier, drafter)
         verifier.check_rollback()  # a model we cannot roll back exactly is refused before any work
         if cfg.block_size > drafter.block_size:
@@ -176,7 +203,7 @@ def decode(
     run on either waits for it. `owner`: who holds them (the streaming engine, which checks before it
     reuses a cache that nobody else ran on them since); None: this call alone, and `keep` is trusted."""
     check_request(verifier, prompt, drafter, cfg)
-    drafter = drafter if cfg.block_size > 1 else None
+    drafter = cfg.drafting(drafter)
     with hold(owner if owner is not None else Run(), verifier, drafter) as mine:
         if keep and owner is not None and not mine:
             raise RuntimeError(

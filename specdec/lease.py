@@ -1,10 +1,11 @@
 """Who may run on a loaded model now, and whose tokens its cache holds.
 
-A verifier or a drafter object owns one cache. Two runs that share one (two `Engine`s or `ChatSession`s
-over one loaded model, two threads calling `api.run`) must not interleave their calls, and a run that
-reuses what a cache holds must know that nobody else has changed it since. `hold(owner, *models)` gives
-both: it waits while another owner's run holds any of `models` on another thread, and says whether
-`owner` was the last to hold every one of them (only then is a cache as `owner` left it).
+A verifier or a drafter object owns one cache. Two runs that share one (two `StreamingEngine`s or
+`ChatSession`s over one loaded model, two threads calling `api.run`) must not interleave their calls, and
+a run that reuses what a cache holds must know that nobody else has changed it since.
+`hold(owner, *models)` gives both: it waits while another owner's run holds any of `models` on another
+thread, and says whether `owner` was the last to hold every one of them (only then is a cache as `owner`
+left it).
 
 A run holds its models from its first step to its end (close, cancel, error); the same owner may hold
 them again inside (the streaming engine around `engine.decode`). A second owner asking on the thread

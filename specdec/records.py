@@ -316,6 +316,46 @@ def run_json(
     return out
 
 
+def run_config(verifier: Any, drafter: Any, cfg: Any, **extra: Any) -> dict[str, Any]:
+    """The result JSON's `config` section for a run of `verifier` and `drafter` (None: the autoregressive
+    baseline) with `cfg` (a `DecodeConfig`), plus `extra` keys."""
+    from specdec.protocols import Describes
+
+    drafter = cfg.drafting(drafter)
+    return {
+        "verifier": {
+            "runtime": verifier.runtime,
+            "model": verifier.model_name,
+            "dtype": verifier.dtype,
+            # a verify of several tokens equals one-token steps bit for bit (see specdec.kernels)
+            "batch_invariant": verifier.batch_invariant,
+        },
+        "drafter": None
+        if drafter is None
+        else {
+            "name": drafter.name,
+            "runtime": drafter.runtime,
+            "block_size": drafter.block_size,
+            "target_layer_ids": list(drafter.target_layer_ids),
+            # where it was loaded from, how its drafts are cut, which corpus, proposals by source: what
+            # the drafter says of itself (`specdec.protocols.Describes`), None where it has none of these
+            **dict.fromkeys(("path", "min_confidence", "costs", "corpus", "proposals")),
+            **(drafter.describe() if isinstance(drafter, Describes) else {}),
+        },
+        "block_size": cfg.block_size if drafter is not None else 1,
+        "temperature": cfg.sampling.temperature if cfg.sampling else 0.0,
+        "seed": cfg.sampling.seed if cfg.sampling else 0,
+        "sampling": asdict(cfg.sampling) if cfg.sampling else None,
+        "max_new_tokens": cfg.max_new_tokens,
+        "decode": {
+            k: (sorted(v) if isinstance(v, frozenset) else v)
+            for k, v in asdict(cfg).items()
+            if k != "sampling"
+        },
+        **extra,
+    }
+
+
 def validate(obj: dict[str, Any]) -> None:
     """Validate a result against the shipped JSON Schema (needs `jsonschema`, a dev extra)."""
     import jsonschema

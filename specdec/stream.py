@@ -1,12 +1,12 @@
 """Streaming generation for apps: text deltas as tokens are committed, cancellation, multi-turn cache reuse.
 
-engine = Engine(verifier, drafter)
+engine = StreamingEngine(verifier, drafter)
 for event in engine.stream([{"role": "user", "content": "Hi"}], max_tokens=64, stop=["\\n\\n"]):
     print(event.delta, end="", flush=True)      # event.step: the StepRecord; event.result on the last one
 session = ChatSession(engine); session.send("Hi").text(); session.send("And then?").text()
 
 Contract:
-- An `Engine` owns a verifier, an optional drafter and their caches, and runs one stream at a time.
+- A `StreamingEngine` owns a verifier, an optional drafter and their caches, and runs one stream at a time.
   Engines may share a loaded model (two conversations of a chat app): their runs take turns, each holding
   the model from its first step to its end (another thread's run waits; two streams iterated in turn on
   one thread are refused), and an engine reuses a cache only where no other run touched it since its own.
@@ -40,12 +40,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec.chat import encode_prompt
-from specdec.engine import DecodeConfig, check_request, common_prefix_len, context_limit, decode
+from specdec.engine import (
+    DecodeConfig,
+    check_request,
+    common_prefix_len,
+    context_limit,
+    decode,
+    decode_config,
+)
 from specdec.lease import hold
 from specdec.protocols import Drafter, RollbackError, Verifier
 from specdec.records import PromptResult, StepRecord, summarize
@@ -60,6 +68,7 @@ __all__ = [
     "Stream",
     "StreamEvent",
     "StreamResult",
+    "StreamingEngine",
     "text_decoder",
 ]
 
@@ -195,7 +204,7 @@ class StreamEvent:
 # ---- the engine ------------------------------------------------------------------------------------------
 
 
-class Engine:
+class StreamingEngine:
     """A verifier (+ drafter) that streams text and keeps its caches between runs for prefix reuse."""
 
     def __init__(
@@ -208,16 +217,30 @@ class Engine:
         reuse: bool = True,
         tree: TreeBudget | None = None,
     ) -> None:
-        """`tree`: verify a tree of drafts per step within this budget (`specdec.tree`; None: chains)."""
-        self.verifier, self.reuse, self.tree = verifier, reuse, tree
-        self.block_size = block_size if block_size is not None else (drafter.block_size if drafter else 1)
-        self.drafter = drafter if self.block_size > 1 else None  # block_size 1: the AR baseline
+        """`block_size` None: the drafter's own; `tree`: verify a tree of drafts per step within this budget
+        (`specdec.tree`; None: chains)."""
+        self.verifier, self.reuse = verifier, reuse
         self.max_context = context_limit(verifier, max_context)
+        # every run's DecodeConfig is this one with the run's own limits (`specdec.engine.decode_config`)
+        self._base = decode_config(drafter, block_size=block_size, tree=tree, max_context=self.max_context)
+        self.block_size, self.tree = self._base.block_size, self._base.tree
+        self.drafter = self._base.drafting(drafter)  # None: the AR baseline
         tok = verifier.tokenizer
         self._decode = text_decoder(tok) if tok is not None else None
         self._lock = threading.Lock()
         self._vtokens: list[int] | None = None  # what the verifier cache holds; None: unknown
         self._dtokens: list[int] | None = None  # what the drafter's context holds; None: unknown
+
+    @classmethod
+    def from_loaded(
+        cls, loaded: Any, *, max_context: int | None = None, reuse: bool = True
+    ) -> StreamingEngine:
+        """The engine of what `specdec.api.load` built (`api.Loaded`): its verifier, drafter, block size
+        and tree budget."""
+        return cls(
+            loaded.verifier, loaded.drafter, block_size=loaded.block_size, max_context=max_context,
+            reuse=reuse, tree=loaded.tree,
+        )  # fmt: skip
 
     @property
     def cached_tokens(self) -> list[int]:
@@ -248,14 +271,7 @@ class Engine:
         stops = tuple([stop] if isinstance(stop, str) else (stop or ()))
         if not all(isinstance(s, str) for s in stops):
             raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
-        cfg = DecodeConfig(
-            max_new_tokens=max_tokens,
-            block_size=self.block_size,
-            stop_token_ids=stop_token_ids,
-            max_context=self.max_context,
-            sampling=sampling,
-            tree=self.tree,
-        )
+        cfg = replace(self._base, max_new_tokens=max_tokens, stop_token_ids=stop_token_ids, sampling=sampling)
         check_request(self.verifier, ids, self.drafter, cfg)
         if stops and self._decode is None:
             raise ValueError(f"stop strings need a tokenizer; verifier {self.verifier.model_name!r} has none")
@@ -277,7 +293,7 @@ class Engine:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(
                 "engine busy: another stream is running on it; iterate it to the end or close() it first "
-                "(one Engine serves one stream at a time)"
+                "(one StreamingEngine serves one stream at a time)"
             )
         try:  # the models, held for the whole run (a stop string's cut included) against other engines
             with hold(self, self.verifier, self.drafter) as mine:
@@ -422,6 +438,18 @@ class Engine:
             raise
 
 
+class Engine(StreamingEngine):
+    """The old name of `StreamingEngine` (`specdec.engine` is the decode loop), kept for one release."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        warnings.warn(
+            "specdec.stream.Engine is now specdec.stream.StreamingEngine; the old name goes next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(*args, **kwargs)
+
+
 # ---- the stream object -----------------------------------------------------------------------------------
 
 
@@ -430,7 +458,7 @@ class Stream:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: StreamingEngine,
         ids: list[int],
         cfg: DecodeConfig,
         stops: tuple[str, ...],
@@ -527,12 +555,12 @@ class _Failure:
 
 @dataclass
 class ChatSession:
-    """A conversation on one Engine: each `send` appends the user message, streams the reply, and appends
-    it (also a cancelled, partial one) to `messages`; the cache keeps the conversation so the next turn
-    only prefills its new tokens. The session assumes it is the engine's only user between turns (another
-    prompt on the same engine is correct but evicts the conversation from the cache)."""
+    """A conversation on one StreamingEngine: each `send` appends the user message, streams the reply, and
+    appends it (also a cancelled, partial one) to `messages`; the cache keeps the conversation so the next
+    turn only prefills its new tokens. Another prompt on the same engine between turns is correct but
+    evicts the conversation from the cache."""
 
-    engine: Engine
+    engine: StreamingEngine
     messages: list[dict[str, str]] = field(default_factory=list)
     system: str | None = None
 
@@ -541,7 +569,8 @@ class ChatSession:
             self.messages.append({"role": "system", "content": self.system})
 
     def send(self, content: str, **kw: Any) -> Stream:
-        """Stream the reply to `content`; kwargs as `Engine.stream` (max_tokens, sampling, stop, cancel)."""
+        """Stream the reply to `content`; kwargs as `StreamingEngine.stream` (max_tokens, sampling, stop,
+        cancel)."""
         msgs = [*self.messages, {"role": "user", "content": content}]
         try:
             s = self.engine.stream(msgs, **kw)

@@ -20,7 +20,7 @@ from tinymodels import tiny_llama
 from specdec.drafting.checkpoint import DFlashConfig
 from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
 from specdec.sampling import Sampler, SamplingParams, sample_from, warp
-from specdec.stream import ChatSession, Engine
+from specdec.stream import ChatSession, StreamingEngine
 from specdec.verifiers.stub import StubVerifier
 
 MSGS = [{"role": "user", "content": "hello"}]
@@ -77,9 +77,11 @@ def test_mlx_loaded_here_decodes_on_another_thread(mlx_models, model, dtype):
     from specdec.verifiers.mlx import MLXVerifier
 
     here = MLXVerifier(mlx_models[model], dtype=dtype)  # loaded (and cast) on this thread
-    want = Engine(MLXVerifier(mlx_models[model], dtype=dtype)).complete(MSGS, max_tokens=12).text
-    assert _in_thread(lambda: Engine(here).complete(MSGS, max_tokens=12).text) == want  # streaming API
-    session = ChatSession(Engine(here))
+    want = StreamingEngine(MLXVerifier(mlx_models[model], dtype=dtype)).complete(MSGS, max_tokens=12).text
+    assert (
+        _in_thread(lambda: StreamingEngine(here).complete(MSGS, max_tokens=12).text) == want
+    )  # streaming API
+    session = ChatSession(StreamingEngine(here))
     assert _in_thread(lambda: session.send("hello", max_tokens=12).text()) == want  # ChatSession
 
 
@@ -92,8 +94,10 @@ def test_mlx_server_decodes_on_its_worker_thread(mlx_models):
     from specdec.verifiers.mlx import MLXVerifier
 
     v = MLXVerifier(mlx_models["llama"], dtype="bfloat16")
-    want = Engine(MLXVerifier(mlx_models["llama"], dtype="bfloat16")).complete(MSGS, max_tokens=8).text
-    for s in _serve(Engine(v), model_name="m"):
+    want = (
+        StreamingEngine(MLXVerifier(mlx_models["llama"], dtype="bfloat16")).complete(MSGS, max_tokens=8).text
+    )
+    for s in _serve(StreamingEngine(v), model_name="m"):
         r = httpx.post(s.url + "/v1/chat/completions", json={"messages": MSGS, "max_tokens": 8}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == want
 

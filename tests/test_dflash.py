@@ -474,7 +474,7 @@ def test_load_drafter_lookup_suffix(tmp_path):
             load_drafter(bad, verifier=verifier)
     # a cut-off with nothing to cut is refused, not ignored
     for spec in ("prompt-lookup", "none", None):
-        with pytest.raises(ValueError, match="min_confidence cuts DFlash blocks"):
+        with pytest.raises(ValueError, match="min_confidence cuts block drafts"):
             load_drafter(spec, verifier=verifier, min_confidence=0.5)
     with pytest.raises(ValueError, match=r"min_confidence must be in \[0, 1\], got 1.5"):
         load_drafter(str(tmp_path / "d"), verifier=verifier, min_confidence=1.5)

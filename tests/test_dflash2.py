@@ -258,10 +258,10 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(monkeypatc
 def test_rollback_and_multi_turn_reuse_equal_fresh_runs():
     """The engine keeps the DFlash2 drafter's context across turns (prefix reuse, rolled back where the
     history differs): each turn equals a fresh run."""
-    from specdec.stream import Engine
+    from specdec.stream import StreamingEngine
 
     v = StubVerifier()
-    engine = Engine(v, stub_drafter(v, top_k=8))
+    engine = StreamingEngine(v, stub_drafter(v, top_k=8))
     ids = v.tokenizer.encode("A walk from the last committed token. A walk from the")
     r1 = engine.complete(ids, max_tokens=24, stop_token_ids=frozenset())
     for nxt in (

@@ -19,7 +19,7 @@ from specdec.drafting.policy import DraftPolicy
 from specdec.engine import DecodeConfig, generate
 from specdec.protocols import RollbackError
 from specdec.sampling import SamplingParams
-from specdec.stream import Engine
+from specdec.stream import StreamingEngine
 from specdec.verifiers.stub import StubConfig, StubVerifier
 
 PROMPT = [(7 * i) % 250 + 5 for i in range(40)]
@@ -92,7 +92,7 @@ def test_stub_confidence_cut_and_lookup():
 
 def test_stub_multi_turn_reuse_and_stop_cut():
     v = StubVerifier()
-    engine = Engine(v, ModelDrafter(StubVerifier(), block_size=5))
+    engine = StreamingEngine(v, ModelDrafter(StubVerifier(), block_size=5))
     r1 = engine.complete(PROMPT, max_tokens=20, stop_token_ids=frozenset())
     ids2 = [*PROMPT, *r1.output_tokens, 9, 10, 11]
     r2 = engine.complete(ids2, max_tokens=20, stop_token_ids=frozenset())
@@ -194,7 +194,7 @@ def test_draft_models_on_real_runtimes(folders, rt, arch):
     res = run(v, same, sampling=sp)
     assert all(t == 5 for t in taus(res)[:-1]), taus(res)
     # multi-turn: a continued history, then an edited one (a rollback the draft cache may not reach)
-    engine = Engine(v, same)
+    engine = StreamingEngine(v, same)
     r1 = engine.complete(PROMPT, max_tokens=12, stop_token_ids=frozenset())
     ids2 = [*PROMPT, *r1.output_tokens, 7, 8]
     assert engine.complete(ids2, max_tokens=12, stop_token_ids=frozenset()).output_tokens == (

@@ -76,7 +76,7 @@ def test_unwritable_output_dir_writes_nothing(tmp_path, v):
 def test_unknown_runtime_and_drafter():
     with pytest.raises(ValueError, match="unknown verifier runtime"):
         load_verifier("tensorflow", "x")
-    with pytest.raises(ValueError, match="DFlash checkpoint folder"):
+    with pytest.raises(ValueError, match="drafter checkpoint folder"):
         load_drafter("/no/such/drafter", verifier=load_verifier("stub"))
 
 

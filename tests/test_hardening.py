@@ -23,7 +23,7 @@ from specdec.cli import main
 from specdec.drafting.checkpoint import DFlashConfig, save_checkpoint
 from specdec.models import GEMMA3_CHAT_TEMPLATE
 from specdec.protocols import RollbackError
-from specdec.stream import ChatSession, Engine
+from specdec.stream import ChatSession, StreamingEngine
 from specdec.verifiers.stub import StubVerifier
 
 httpx = pytest.importorskip("httpx")
@@ -69,7 +69,7 @@ def _chat(url: str, messages: list, **kw) -> httpx.Response:
 def test_lone_surrogates_and_template_errors_are_400s_and_the_server_lives(gemma_dir):
     v = _hf(gemma_dir)
     ok = [{"role": "user", "content": "hello"}]
-    for s in _serve(Engine(v), model_name="g"):
+    for s in _serve(StreamingEngine(v), model_name="g"):
         want = _chat(s.url, ok).json()["choices"][0]["message"]["content"]
         # valid JSON, no valid text: the tokenizer raised TypeError and the worker thread died
         r = httpx.post(
@@ -90,7 +90,7 @@ def test_lone_surrogates_and_template_errors_are_400s_and_the_server_lives(gemma
 
 
 def test_an_internal_error_is_that_requests_500(monkeypatch):
-    engine = Engine(StubVerifier())
+    engine = StreamingEngine(StubVerifier())
     for s in _serve(engine, model_name="stub"):
         worker = s.app.state.worker
         real = engine.encode
@@ -118,7 +118,7 @@ def test_a_dead_worker_shows_in_health_and_calls_on_death():
             raise SystemError("the loop itself broke")
 
     deaths: list[BaseException] = []
-    app = build_app(Engine(StubVerifier()), model_name="stub", on_death=deaths.append)
+    app = build_app(StreamingEngine(StubVerifier()), model_name="stub", on_death=deaths.append)
     worker = app.state.worker
     worker.jobs.put_nowait(Poison())
     worker._thread.join(timeout=10)
@@ -141,7 +141,7 @@ def test_stop_returns_promptly_with_a_full_queue():
             time.sleep(0.02)
             return super().verify(*a, **kw)
 
-    worker = Worker(Engine(Slow()), max_queue=1)
+    worker = Worker(StreamingEngine(Slow()), max_queue=1)
     loop = asyncio.new_event_loop()
     params = parse_request(
         {"prompt": "x", "max_tokens": 500}, chat=False, model="stub", defaults=SamplingParams()
@@ -162,7 +162,7 @@ def test_stop_returns_promptly_with_a_full_queue():
 def test_max_queue_zero_means_no_waiting():
     from specdec.serve import Worker
 
-    w = Worker(Engine(StubVerifier()), max_queue=0)
+    w = Worker(StreamingEngine(StubVerifier()), max_queue=0)
     w.busy = True  # pretend a request is running
     assert w.submit(object()) is False  # type: ignore[arg-type]
     w.busy = False
@@ -215,7 +215,7 @@ def test_hf_rollback_past_a_full_window_raises_rollback_error(gemma_dir):
 
 def _fresh(v, prompt, n):
     v.reset()
-    return Engine(v, reuse=False).complete(prompt, max_tokens=n)
+    return StreamingEngine(v, reuse=False).complete(prompt, max_tokens=n)
 
 
 @pytest.mark.parametrize("runtime", ["hf", "mlx"])
@@ -229,7 +229,7 @@ def test_windowed_models_reuse_or_reprefill_exactly(gemma_dir, runtime):
         v = _hf(gemma_dir)
     prompt = list(range(3, 43))  # longer than the window
     want = _fresh(v, prompt, 4).output_tokens
-    e = Engine(v)
+    e = StreamingEngine(v)
     assert e.complete(prompt, max_tokens=4).output_tokens == want
     assert e.complete(prompt, max_tokens=4).output_tokens == want  # was "cannot roll back ... exactly"
     longer = [*prompt, *want, 9, 10]
@@ -242,7 +242,7 @@ def test_windowed_models_reuse_or_reprefill_exactly(gemma_dir, runtime):
     again = e.complete([{"role": "user", "content": "abc"}], max_tokens=12)
     assert again.output_tokens == text.output_tokens
     # a conversation that outgrows the window turn after turn
-    session = ChatSession(Engine(v))
+    session = ChatSession(StreamingEngine(v))
     for turn in ("first turn here", "and a second", "third"):
         r = session.send(turn, max_tokens=8)
         r.text()
@@ -253,7 +253,7 @@ def test_windowed_models_reuse_or_reprefill_exactly(gemma_dir, runtime):
 def test_windowed_server_answers_every_request(gemma_dir):
     v = _hf(gemma_dir)
     msgs = [{"role": "user", "content": "x" * 30}]  # past the window of 16
-    for s in _serve(Engine(v), model_name="g"):
+    for s in _serve(StreamingEngine(v), model_name="g"):
         first = _chat(s.url, msgs, max_tokens=8)
         assert first.status_code == 200, first.text
         for _ in range(3):  # failed and succeeded by turns before the fix
@@ -487,7 +487,7 @@ def _fuzz(url: str) -> None:
 
 
 def test_fuzzed_requests_always_get_an_answer(gemma_dir):
-    for engine in (Engine(StubVerifier()), Engine(_hf(gemma_dir))):
+    for engine in (StreamingEngine(StubVerifier()), StreamingEngine(_hf(gemma_dir))):
         for s in _serve(engine, model_name="m"):
             _fuzz(s.url)
 
@@ -544,7 +544,7 @@ def test_refused_before_any_model_loads(tmp_path, gemma_dir, capsys):
 
 def test_a_deeply_nested_body_is_a_400_and_the_server_lives():
     deep = "[" * 200_000 + "]" * 200_000
-    for s in _serve(Engine(StubVerifier()), model_name="stub"):
+    for s in _serve(StreamingEngine(StubVerifier()), model_name="stub"):
         r = httpx.post(
             s.url + "/v1/chat/completions", content=deep, headers={"content-type": "application/json"}
         )

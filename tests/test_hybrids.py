@@ -33,7 +33,7 @@ from specdec.drafting.lookup import PromptLookupDrafter  # noqa: E402
 from specdec.engine import DecodeConfig, generate  # noqa: E402
 from specdec.protocols import RollbackError  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
-from specdec.stream import Engine  # noqa: E402
+from specdec.stream import StreamingEngine  # noqa: E402
 from specdec.verifiers.hf import HFVerifier  # noqa: E402
 from specdec.verifiers.mlx import MLXVerifier  # noqa: E402
 
@@ -407,7 +407,7 @@ def test_multi_turn_reuse_edits_stops_and_cancel(verifiers, rt, arch):
     """Prefix reuse (a continued and an edited history), a stop string inside an accepted block, and a
     cancelled run each leave caches that the next run continues exactly as a fresh run would."""
     v = verifiers[rt, arch]
-    engine = Engine(v, PromptLookupDrafter(block_size=8))
+    engine = StreamingEngine(v, PromptLookupDrafter(block_size=8))
 
     def fresh(ids: list[int], n: int) -> list[int]:
         return run(v, PromptLookupDrafter(block_size=8), prompt=ids, n=n)
@@ -494,8 +494,8 @@ def test_cli_and_server(paths, verifiers, capsys, rt):
     assert main(argv) == 0, capsys.readouterr().err
     v = verifiers[rt, "qwen3_next"]
     msgs = [{"role": "user", "content": "abc abc"}]
-    want = Engine(v, PromptLookupDrafter(block_size=8)).complete(msgs, max_tokens=16).text
-    app = build_app(Engine(v, PromptLookupDrafter(block_size=8)), model_name="tiny")
+    want = StreamingEngine(v, PromptLookupDrafter(block_size=8)).complete(msgs, max_tokens=16).text
+    app = build_app(StreamingEngine(v, PromptLookupDrafter(block_size=8)), model_name="tiny")
     with TestClient(app) as client:
         body = {"model": "tiny", "messages": msgs, "max_tokens": 16, "stream": True}
         lines = client.post("/v1/chat/completions", json=body).text.splitlines()

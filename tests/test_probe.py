@@ -20,7 +20,7 @@ from drafters import ScriptedDrafter, TreeDrafter
 from specdec.api import RunSpec, check_drafter, load_drafter
 from specdec.cli import main
 from specdec.engine import DecodeConfig, generate
-from specdec.stream import ChatSession, Engine
+from specdec.stream import ChatSession, StreamingEngine
 from specdec.tree import TreeBudget
 from specdec.verifiers.stub import StubVerifier
 
@@ -59,7 +59,7 @@ def test_an_engine_does_not_reuse_a_cache_another_engine_overwrote():
     keys for its own conversation's start."""
     v = StubVerifier()
     d = load_drafter("prompt-lookup", verifier=v)
-    a, b = Engine(v, d), Engine(v, d)
+    a, b = StreamingEngine(v, d), StreamingEngine(v, d)
     first = a.complete("Hello there, how", max_tokens=20)
     b.complete("Jello where, who", max_tokens=20)  # same length: the same position afterwards
     assert first.finish_reason == "length" and v.position == len(a.cached_tokens)
@@ -78,7 +78,7 @@ def test_two_threads_with_engines_on_one_model_each_get_their_own_text():
     got: dict[int, list] = {}
 
     def conversation(k: int) -> None:
-        engine, out = Engine(v, d), []
+        engine, out = StreamingEngine(v, d), []
         for i in range(12):
             try:
                 out.append(engine.complete(texts[k] + str(i), max_tokens=16).output_tokens)
@@ -97,7 +97,7 @@ def test_two_threads_with_engines_on_one_model_each_get_their_own_text():
 
 def test_two_streams_of_two_engines_iterated_in_turn_on_one_thread_are_refused():
     v = StubVerifier()
-    a, b = Engine(v), Engine(v)
+    a, b = StreamingEngine(v), StreamingEngine(v)
     s = a.stream("Hello", max_tokens=8)
     next(s)  # a's run holds the model
     with pytest.raises(RuntimeError, match="in use by another run on this thread"):
@@ -123,11 +123,11 @@ def test_the_mlx_drafter_decodes_turns_on_threads_of_their_own(tmp_path: Path):
         tinymodels.tiny_llama(tmp_path / "llama"), chat_template=GEMMA3_CHAT_TEMPLATE
     )
 
-    def engine() -> Engine:
+    def engine() -> StreamingEngine:
         v = MLXVerifier(path)
         d = MLXDFlashDrafter.from_pretrained(_checkpoint(tmp_path / "d", v, draft_vocab=False))
         d.bind(v)
-        return Engine(v, d)
+        return StreamingEngine(v, d)
 
     prompts, threaded, results = [[1, 5, 9, 14], [1, 5, 9, 14, 20, 3]], engine(), {}
 
@@ -202,14 +202,16 @@ def test_the_load_time_measurement_sees_a_kernel_that_rounds_from_32_rows(monkey
 
 def test_a_bf16_stub_chat_session_after_an_edited_first_message_equals_a_fresh_run():
     v = _bf16_stub()
-    engine = Engine(v, load_drafter("prompt-lookup", verifier=v))
+    engine = StreamingEngine(v, load_drafter("prompt-lookup", verifier=v))
     session = ChatSession(engine)
     for text in ("Tell me about the sea, the sea and the sea.", "And the sky?"):
         session.send(text, max_tokens=48).text()
     session.messages[0]["content"] = "Tell me about the moon, the moon and the moon."
     edited = session.send("And the stars?", max_tokens=48)
     edited.text()
-    fresh = Engine(StubVerifier(dtype=torch.bfloat16), None).complete(edited.prompt_ids, max_tokens=48)
+    fresh = StreamingEngine(StubVerifier(dtype=torch.bfloat16), None).complete(
+        edited.prompt_ids, max_tokens=48
+    )
     assert edited.result.reused_tokens > 0 and edited.result.output_tokens == fresh.output_tokens
 
 
@@ -370,7 +372,7 @@ def test_degenerate_sampling_over_the_server_is_the_greedy_answer():
     pytest.importorskip("uvicorn")
     from test_server import _serve
 
-    for s in _serve(Engine(StubVerifier()), model_name="stub"):
+    for s in _serve(StreamingEngine(StubVerifier()), model_name="stub"):
         url, body = s.url + "/v1/completions", {"prompt": "The cat", "max_tokens": 12}
         texts = [
             httpx.post(url, json={**body, **kw}, timeout=60).json()["choices"][0]["text"]

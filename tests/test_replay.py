@@ -212,7 +212,7 @@ def test_load_drafter_takes_costs_or_min_confidence_not_both():
     v, costs = StubVerifier(), VerifyCosts((1.0, 1.0), "t")
     with pytest.raises(ValueError, match="not both"):
         load_drafter("bundled:smollm2-135m", verifier=v, min_confidence=0.2, costs=costs)
-    with pytest.raises(ValueError, match="verify costs cut DFlash blocks"):
+    with pytest.raises(ValueError, match="verify costs cut block drafts"):
         load_drafter("prompt-lookup", verifier=v, costs=costs)
 
 

@@ -101,10 +101,10 @@ def test_a_reused_prefix_equals_a_fresh_prefill_in_bf16(tmp_path):
     on an empty cache (the call transformers passes no mask for). With a non-causal fresh prefill the
     two disagreed (a server's answer changed after an unrelated request, SmolLM2-135M bf16)."""
     from specdec.drafting.lookup import PromptLookupDrafter
-    from specdec.stream import Engine
+    from specdec.stream import StreamingEngine
 
     v = HFVerifier(tinymodels.tiny_tokenizer(tinymodels.tiny_llama(tmp_path / "m")), dtype=torch.bfloat16)
-    engine, fresh = (Engine(v, PromptLookupDrafter(block_size=4), reuse=r) for r in (True, False))
+    engine, fresh = (StreamingEngine(v, PromptLookupDrafter(block_size=4), reuse=r) for r in (True, False))
     first = engine.complete(PROMPT, max_tokens=12)
     follow = PROMPT + first.output_tokens + STEPS
     again = engine.complete(follow, max_tokens=12)

@@ -1,6 +1,6 @@
 """`specdec serve` through the real OpenAI client against uvicorn on loopback (a random free port).
 
-Reference outputs come from the Python API (`specdec.stream.Engine`) on a separate stub verifier.
+Reference outputs come from the Python API (`specdec.stream.StreamingEngine`) on a separate stub verifier.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ openai = pytest.importorskip("openai")
 
 from specdec.drafting.lookup import PromptLookupDrafter  # noqa: E402
 from specdec.serve import build_app  # noqa: E402
-from specdec.stream import Engine  # noqa: E402
+from specdec.stream import StreamingEngine  # noqa: E402
 from specdec.verifiers.stub import StubVerifier  # noqa: E402
 
 BLOCK = 8
 
 
-def _engine() -> Engine:
-    return Engine(StubVerifier(), PromptLookupDrafter(block_size=BLOCK))
+def _engine() -> StreamingEngine:
+    return StreamingEngine(StubVerifier(), PromptLookupDrafter(block_size=BLOCK))
 
 
 class Served:
@@ -58,7 +58,7 @@ class Served:
         self.thread.join(timeout=30)
 
 
-def _serve(engine: Engine, **kw) -> Iterator[Served]:
+def _serve(engine: StreamingEngine, **kw) -> Iterator[Served]:
     s = Served(build_app(engine, **kw))
     try:
         yield s
@@ -72,7 +72,7 @@ def served() -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def ref() -> Engine:
+def ref() -> StreamingEngine:
     return _engine()
 
 
@@ -231,7 +231,7 @@ def test_streaming_detokenisation_of_emoji_cjk_equals_non_streaming():
     ids = ByteTokenizer().encode(prompt)
     v = ScriptVerifier(list(MIXED.encode()))
     v.n_prompt = len(ids)
-    for s in _serve(Engine(v), model_name="script"):
+    for s in _serve(StreamingEngine(v), model_name="script"):
         client = s.client()
         msgs = [{"role": "user", "content": "say it"}]
         whole = client.chat.completions.create(model="script", messages=msgs, max_tokens=400)
@@ -256,7 +256,7 @@ def test_smollm2_server_matches_python_api(capsys):
 
     v = load_verifier("hf", "smollm2-135m")
     msgs = [{"role": "user", "content": "List three facts about octopuses, one per line."}]
-    api = Engine(v, PromptLookupDrafter(block_size=BLOCK))
+    api = StreamingEngine(v, PromptLookupDrafter(block_size=BLOCK))
     want = api.complete(msgs, max_tokens=96)
     api.reset()
     t0 = time.perf_counter()

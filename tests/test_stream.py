@@ -20,7 +20,7 @@ from specdec.chat import encode_prompt
 from specdec.drafting.lookup import PromptLookupDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.sampling import SamplingParams
-from specdec.stream import ChatSession, Detokenizer, Engine, text_decoder
+from specdec.stream import ChatSession, Detokenizer, StreamingEngine, text_decoder
 from specdec.verifiers.stub import EOS, ByteTokenizer, StubVerifier
 
 MIXED = "Héllo wörld! 😀👍🏽 日本語のテキスト, naïve café — ok. Ωmega ✓ 🇫🇷 end"
@@ -135,7 +135,7 @@ def stub():
 def test_stream_matches_generate_and_decode(stub):
     ids = stub.tokenizer.encode("The quick brown fox jumps over the lazy dog. The quick brown")
     want = _fresh(stub, ids, PromptLookupDrafter(block_size=8), n=80)
-    engine = Engine(stub, PromptLookupDrafter(block_size=8))
+    engine = StreamingEngine(stub, PromptLookupDrafter(block_size=8))
     events = list(engine.stream(ids, max_tokens=80))
     assert events[0].step.phase == "prefill" and all(e.step.phase == "decode" for e in events[1:])
     r = events[-1].result
@@ -153,7 +153,7 @@ def test_scripted_emoji_text_streams_exactly():
     v.n_prompt = len(prompt)
     # an oracle drafter: whole blocks accepted, so steps commit several bytes that split characters
     drafter = ScriptedDrafter([*prompt, *script], vocab=v.vocab_size, block_size=6)
-    engine = Engine(v, drafter)
+    engine = StreamingEngine(v, drafter)
     events = list(engine.stream(prompt, max_tokens=500))
     r = events[-1].result
     assert r.finish_reason == "stop" and r.output_tokens == [*script, EOS]
@@ -170,7 +170,7 @@ def test_stop_string_cuts_tokens_and_keeps_the_cache_consistent():
     prompt = tok.encode("Go:")
     v.n_prompt = len(prompt)
     drafter = ScriptedDrafter([*prompt, *script], vocab=v.vocab_size, block_size=8)
-    engine = Engine(v, drafter)
+    engine = StreamingEngine(v, drafter)
     r = engine.complete(prompt, max_tokens=500, stop=["\nSTOP", "never"])
     assert r.text == "first line" and r.finish_reason == "stop" and r.stop_string == "\nSTOP"
     assert r.output_tokens == script[: len("first line\nSTOP")]
@@ -185,7 +185,7 @@ def test_stop_string_cuts_tokens_and_keeps_the_cache_consistent():
 
 
 def test_cancel_from_another_thread_stops_within_a_step(stub):
-    engine = Engine(stub, PromptLookupDrafter(block_size=8))
+    engine = StreamingEngine(stub, PromptLookupDrafter(block_size=8))
     ids = stub.tokenizer.encode("Hello")
     stream = engine.stream(ids, max_tokens=1500)
     events = [next(stream)]
@@ -209,7 +209,7 @@ def test_cancel_from_another_thread_stops_within_a_step(stub):
 
 def test_closing_the_generator_cancels_and_keeps_caches_consistent(stub):
     drafter = PromptLookupDrafter(block_size=8)
-    engine = Engine(stub, drafter)
+    engine = StreamingEngine(stub, drafter)
     ids = stub.tokenizer.encode("Hello")
     stream = engine.stream(ids, max_tokens=1500)
     for i, _ in enumerate(stream):
@@ -228,7 +228,7 @@ def test_closing_the_generator_cancels_and_keeps_caches_consistent(stub):
 
 
 def test_one_stream_at_a_time(stub):
-    engine = Engine(stub)
+    engine = StreamingEngine(stub)
     s1 = engine.stream([1, 2, 3], max_tokens=50)
     next(s1)
     with pytest.raises(RuntimeError, match="engine busy"):
@@ -242,7 +242,7 @@ def test_one_stream_at_a_time(stub):
 
 @pytest.mark.parametrize("sampling", [None, SamplingParams(temperature=0.8, seed=3)])
 def test_reuse_equals_fresh_run_on_the_concatenation(stub, sampling):
-    engine = Engine(stub, PromptLookupDrafter(block_size=8))
+    engine = StreamingEngine(stub, PromptLookupDrafter(block_size=8))
     ref = (
         StubVerifier()
     )  # the references run on a model of their own: a run on `stub` evicts the engine's cache
@@ -264,7 +264,7 @@ def test_chat_session_turns_equal_fresh_runs_with_a_feature_drafter():
     v = StubVerifier()
     # a drafter that takes real target features: checks the features of exactly the kept positions
     drafter = ScriptedDrafter([], vocab=v.vocab_size, block_size=4, target_layer_ids=(1, 3), hidden_size=64)
-    session = ChatSession(Engine(v, drafter), system="Be brief.")
+    session = ChatSession(StreamingEngine(v, drafter), system="Be brief.")
     ref_v = StubVerifier()  # generate() resets its verifier: the reference gets its own
     for turn, msg in enumerate(["Hi there", "Tell me more about it", "Thanks!"]):
         prompt = session.prompt_ids(msg)
@@ -287,7 +287,7 @@ def test_chat_fallback_format_and_context_limit(stub):
     assert encode_prompt(stub, msgs) == stub.tokenizer.encode("user: hi\nassistant:")
     with pytest.raises(ValueError, match="empty prompt"):
         encode_prompt(stub, [])
-    engine = Engine(stub, max_context=48)
+    engine = StreamingEngine(stub, max_context=48)
     session = ChatSession(engine)
     with pytest.raises(ValueError, match="new ChatSession"):
         session.send("x" * 60)
@@ -298,8 +298,8 @@ def test_chat_fallback_format_and_context_limit(stub):
 
 def test_async_iteration_matches_sync_and_cancels_on_break(stub):
     ids = stub.tokenizer.encode("async please")
-    want = Engine(stub, PromptLookupDrafter(block_size=8)).complete(ids, max_tokens=40)
-    engine = Engine(stub, PromptLookupDrafter(block_size=8))
+    want = StreamingEngine(stub, PromptLookupDrafter(block_size=8)).complete(ids, max_tokens=40)
+    engine = StreamingEngine(stub, PromptLookupDrafter(block_size=8))
 
     async def main():
         got = [ev async for ev in engine.stream(ids, max_tokens=40)]
@@ -325,7 +325,9 @@ def test_ttft_second_turn_with_and_without_reuse(capsys):
     for reuse in (False, True):
         runs = []
         for _ in range(2):  # best of 2, each a fresh conversation
-            session = ChatSession(Engine(v, PromptLookupDrafter(block_size=8), reuse=reuse), system=system)
+            session = ChatSession(
+                StreamingEngine(v, PromptLookupDrafter(block_size=8), reuse=reuse), system=system
+            )
             session.send("First question?", max_tokens=16).text()
             s = session.send("Second question?", max_tokens=4)
             s.text()
@@ -353,7 +355,7 @@ def test_smollm2_multi_turn_reuse_is_exact_and_faster(capsys):
     ]
     ttft = {}
     for reuse in (False, True):
-        session = ChatSession(Engine(v, PromptLookupDrafter(block_size=8), reuse=reuse))
+        session = ChatSession(StreamingEngine(v, PromptLookupDrafter(block_size=8), reuse=reuse))
         r1 = session.send(turns[0], max_tokens=96).text()
         assert r1
         prompt2 = session.prompt_ids(turns[1])
@@ -376,5 +378,32 @@ def test_smollm2_multi_turn_reuse_is_exact_and_faster(capsys):
 
 
 def test_stream_timing_fields(stub):
-    r = Engine(stub).complete([1, 2, 3], max_tokens=5)
+    r = StreamingEngine(stub).complete([1, 2, 3], max_tokens=5)
     assert r.ttft_s is not None and 0 < r.ttft_s <= r.wall_s
+
+
+def test_the_old_engine_name_still_works_and_warns():
+    from specdec.stream import Engine
+
+    with pytest.warns(DeprecationWarning, match="StreamingEngine"):
+        engine = Engine(StubVerifier())
+    assert isinstance(engine, StreamingEngine) and len(engine.complete("hi", max_tokens=4).output_tokens) == 4
+
+
+def test_one_place_makes_a_runs_decode_config():
+    """`engine.decode_config` decides the autoregressive baseline once: no drafter or blocks of 1 mean
+    block 1 and no tree, whoever builds the run (API, CLI, server, evals, training, the streaming engine)."""
+    from specdec.api import RunSpec, load
+    from specdec.engine import decode_config
+    from specdec.tree import TreeBudget
+
+    d = PromptLookupDrafter(block_size=8)
+    assert (decode_config(None, tree=TreeBudget(4)).block_size, decode_config(None).tree) == (1, None)
+    assert decode_config(d, block_size=1, tree=TreeBudget(4)).tree is None
+    cfg = decode_config(d, max_new_tokens=9)
+    assert (cfg.block_size, cfg.max_new_tokens, cfg.drafting(d)) == (8, 9, d)
+    m = load(RunSpec(verifier="stub", drafter="prompt-lookup", block_size=5), log=lambda _: None)
+    assert m.decode_config(max_new_tokens=3).block_size == 5
+    engine = StreamingEngine.from_loaded(m)
+    assert (engine.block_size, engine.drafter) == (5, m.drafter)
+    assert StreamingEngine(m.verifier, m.drafter, block_size=1).drafter is None

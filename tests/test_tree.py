@@ -33,7 +33,7 @@ from specdec.drafting.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.kernels import batch_invariant, invariant_attention
 from specdec.sampling import Sampler, SamplingParams, sample_from, warp
-from specdec.stream import ChatSession, Engine
+from specdec.stream import ChatSession, StreamingEngine
 from specdec.tree import Tree, TreeAttention, TreeBudget, best_first
 from specdec.verifiers.stub import StubConfig, StubVerifier
 
@@ -312,7 +312,9 @@ def test_kept_path_then_rollback_and_multi_turn_reuse(tmp_path: Path, runtime):
     # the second turn's prompt starts with the first turn's prompt and output
     second = prompts[0] + ar[0][:-1] + [7, 8]
     want = generate(v, second, cfg=DecodeConfig(max_new_tokens=20, block_size=1)).output_tokens
-    engine = Engine(v, d, block_size=6, tree=TreeBudget(9))  # from here on the engine's verifier alone
+    engine = StreamingEngine(
+        v, d, block_size=6, tree=TreeBudget(9)
+    )  # from here on the engine's verifier alone
     first = engine.complete(prompts[0], max_tokens=30)
     assert first.output_tokens == ar[0]
     got = engine.complete(second, max_tokens=20)
@@ -329,7 +331,7 @@ def test_kept_path_then_rollback_and_multi_turn_reuse(tmp_path: Path, runtime):
 def test_chat_session_with_trees_equals_fresh_decodes():
     v, ref = StubVerifier(), StubVerifier()  # the same model; the references run on the second
     d = TreeDrafter([], vocab=v.vocab_size, block_size=6, random_only=True)
-    session = ChatSession(Engine(v, d, block_size=6, tree=TreeBudget(6)))
+    session = ChatSession(StreamingEngine(v, d, block_size=6, tree=TreeBudget(6)))
     for turn, msg in enumerate(("Hi", "And then?")):
         ids = session.prompt_ids(msg)
         want = generate(ref, ids, cfg=DecodeConfig(max_new_tokens=24, block_size=1)).output_tokens
@@ -390,7 +392,9 @@ def test_a_broken_tree_rule_fails_the_same_test(small, monkeypatch):
 
 def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
     from specdec.api import RunSpec
+    from specdec.drafting.load import DrafterPlan
     from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.spec import DrafterSpec
 
     v = StubVerifier()
     prompt = [1, 2, 3]
@@ -410,8 +414,9 @@ def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
         ({"tree": 1}, r"node count 2\.\.64"),
         ({"tree": 65}, r"node count 2\.\.64"),
     ):
+        spec = RunSpec(**{"drafter": "x", "tree": 4, **kw})
         with pytest.raises(ValueError, match=match):
-            RunSpec(**{"drafter": "x", "tree": 4, **kw})._check_tree()
+            spec._check_tree(DrafterPlan(DrafterSpec.parse(spec.drafter)))
     # on the command line (a server too: its requests would all be refused), before anything loads
     from specdec.cli import main
 

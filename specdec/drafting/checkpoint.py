@@ -24,6 +24,8 @@ import torch
 
 from specdec.kernels import MAX_VERIFY_TOKENS
 
+#: the checkpoint formats this module reads (`formats.Format.kind`)
+DFLASH_FORMATS = frozenset({"dflash", "dflash2"})
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
@@ -513,7 +515,7 @@ def load_config(path: str | Path) -> DFlashConfig:
         raise ValueError(f"{str(file)!r} is not a JSON config: a {type(raw).__name__}, not an object")
     from specdec.drafting.formats import refuse_as_drafter
 
-    refuse_as_drafter(path, raw, name=str(path))  # another format is named as what it is
+    refuse_as_drafter(path, raw, name=str(path), readable=DFLASH_FORMATS)  # another format is named
     problems = _field_problems(raw)
     if problems:
         raise ValueError(f"invalid DFlash config {str(file)!r}: " + "; ".join(problems))

@@ -32,7 +32,8 @@ from specdec.drafting.checkpoint import (
     SLIDING,
     DFlashConfig,
     check_target,
-    load_checkpoint,
+    load_config,
+    load_state_dict,
     rope_frequencies,
     save_checkpoint,
 )
@@ -667,9 +668,12 @@ class DFlashDrafter:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         policy: DraftPolicy | None = None,
+        config: DFlashConfig | None = None,
     ) -> DFlashDrafter:
-        """Load a public-format checkpoint folder (config.json + model.safetensors)."""
-        cfg, state = load_checkpoint(path)
+        """Load a public-format checkpoint folder (config.json + model.safetensors); `config`: its config
+        as read already (`registry.read_checkpoint`), so the folder's config is read once per run."""
+        cfg = config or load_config(path)
+        state = load_state_dict(path, cfg)
         with torch.device("meta"):
             model = DFlashDraftModel(cfg)
         model.load_state_dict(state, strict=True, assign=True)  # names/shapes already checked

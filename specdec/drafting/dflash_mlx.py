@@ -345,11 +345,13 @@ class MLXDFlashDrafter:
         *,
         dtype: str = "float32",
         policy: DraftPolicy | None = None,
+        config: DFlashConfig | None = None,
     ) -> MLXDFlashDrafter:
-        """Load a public-format checkpoint folder (the one the PyTorch drafter loads)."""
+        """Load a public-format checkpoint folder (the one the PyTorch drafter loads); `config`: its config
+        as read already (`registry.read_checkpoint`)."""
         if dtype not in MLX_DTYPES:
             raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(MLX_DTYPES)}")
-        cfg = load_config(path)
+        cfg = config or load_config(path)
         file = require_file(Path(path), WEIGHTS_NAME)
         try:
             weights = mx.load(str(file))

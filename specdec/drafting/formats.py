@@ -38,8 +38,6 @@ NAMES = {
 }  # fmt: skip
 #: the kinds that are drafters only (never a verifier's model)
 DRAFTER_KINDS = frozenset(NAMES) - {"pard", "model-with-mtp", "causal-lm", "unknown"}
-#: what specdec reads as a `--drafter` checkpoint folder
-READABLE = frozenset({"dflash", "dflash2"})
 #: speculators_model_type -> kind ("independent": a plain draft model)
 _SPECULATORS = {"eagle3": "eagle3", "eagle": "eagle", "peagle": "peagle", "dflash": "dflash",
                 "dspark": "dspark", "mtp": "mtp", "mlp": "mlp", "independent": "causal-lm"}  # fmt: skip
@@ -56,10 +54,10 @@ class Format:
     model_type: str = ""
     architectures: tuple[str, ...] = ()
 
-    @property
-    def readable(self) -> bool:
-        """specdec reads it as a `--drafter` checkpoint folder."""
-        return self.kind in READABLE and self.dialect == "public"
+    def readable(self, kinds: Collection[str]) -> bool:
+        """specdec reads it as a `--drafter` checkpoint folder, where it reads the format kinds `kinds` (in
+        their public dialect: `registry.READABLE`)."""
+        return self.kind in kinds and self.dialect == "public"
 
     def describe(self) -> str:
         """e.g. "an EAGLE-3 drafter (speculators format)", "a causal LM (model_type 'llama')"."""
@@ -113,12 +111,14 @@ def identify(raw: Mapping[str, Any], files: Collection[str] = ()) -> Format:
     return fmt("unknown", "")
 
 
-def refuse_as_drafter(folder: str | Path, raw: Mapping[str, Any], *, name: str) -> Format:
+def refuse_as_drafter(
+    folder: str | Path, raw: Mapping[str, Any], *, name: str, readable: Collection[str]
+) -> Format:
     """The format of the drafter checkpoint folder `folder` (config `raw`), or a one-line ValueError naming
-    what it holds where specdec does not read it as a drafter folder."""
+    what it holds where it is not one of the format kinds `readable`."""
     files = {p.name for p in Path(folder).iterdir()} if Path(folder).is_dir() else set()
     fmt = identify(raw, files)
-    if fmt.readable:
+    if fmt.readable(readable):
         return fmt
     where = f"drafter {name!r}" + (f" ({str(folder)!r})" if name != str(folder) else "")
     where += f" holds {fmt.describe()}"
@@ -135,9 +135,18 @@ def refuse_as_drafter(folder: str | Path, raw: Mapping[str, Any], *, name: str) 
     raise ValueError(f"{where}, which specdec does not read yet")
 
 
-def refuse_as_model(folder: str | Path, raw: Mapping[str, Any]) -> None:
-    """A one-line ValueError where the model folder `folder` (config `raw`) holds a drafter, not a model."""
+def refuse_as_model(
+    folder: str | Path, raw: Mapping[str, Any], *, readable: Collection[str] | None = None
+) -> None:
+    """A one-line ValueError where the model folder `folder` (config `raw`) holds a drafter, not a model;
+    with `readable` (the format kinds specdec reads as drafters, `registry.READABLE`) it says which to do."""
     fmt = identify(raw)
     if fmt.kind in DRAFTER_KINDS:
-        use = "pass it as --drafter" if fmt.readable else "specdec does not read it yet"
-        raise ValueError(f"{str(folder)!r} holds {fmt.describe()}, not a model: it drafts for one ({use})")
+        use = (
+            ""
+            if readable is None
+            else " (pass it as --drafter)"
+            if fmt.readable(readable)
+            else (" (specdec does not read it yet)")
+        )
+        raise ValueError(f"{str(folder)!r} holds {fmt.describe()}, not a model: it drafts for one{use}")

@@ -17,6 +17,7 @@ import numpy as np
 
 from specdec.drafting.lookup import LOOKUP_ACCEPT, Chances, lookup_chances, sample_answers
 from specdec.drafting.policy import DraftPolicy
+from specdec.drafting.spec import DrafterSpec
 from specdec.protocols import Verifier
 
 __all__ = ["CorpusNgrams", "chances_of", "check_corpus", "load_corpus_ngrams"]
@@ -123,7 +124,7 @@ def check_corpus(
     from specdec.bundled import corpus_path
     from specdec.corpus import Corpus
 
-    if drafter is not None and not drafter.endswith("+lookup"):
+    if drafter is not None and not DrafterSpec.parse(drafter).lookup:
         raise ValueError(
             f"a corpus drafts where lookup has nothing: give a '+lookup' drafter, not {drafter!r}"
         )

@@ -1,4 +1,4 @@
-"""`specdec serve`: an OpenAI-compatible HTTP server over one `specdec.stream.Engine`.
+"""`specdec serve`: an OpenAI-compatible HTTP server over one `specdec.stream.StreamingEngine`.
 
 Endpoints: POST /v1/chat/completions and /v1/completions (SSE with "stream": true), GET /v1/models,
 /health, /metrics (JSON; Prometheus text with ?format=prometheus or Accept: text/plain).

@@ -24,13 +24,13 @@ from specdec.serve.protocol import (
     usage,
 )
 from specdec.serve.worker import Job, Worker
-from specdec.stream import Engine
+from specdec.stream import StreamingEngine
 
 __all__ = ["build_app"]
 
 
 def build_app(
-    engine: Engine,
+    engine: StreamingEngine,
     *,
     model_name: str | None = None,
     max_queue: int = 16,

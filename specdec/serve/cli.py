@@ -17,7 +17,7 @@ from specdec.args import (
     sampling_of,
 )
 from specdec.serve.app import build_app
-from specdec.stream import Engine
+from specdec.stream import StreamingEngine
 
 __all__ = ["add_serve_args", "cmd_serve", "listen_socket"]
 
@@ -70,11 +70,8 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
 
     sampling = sampling_of(args)
     m = load(run_spec(args))
-    verifier, drafter, block = m.verifier, m.drafter, m.block_size
-    engine = Engine(
-        verifier, drafter, block_size=block, max_context=args.max_context, reuse=not args.no_reuse,
-        tree=m.tree,
-    )  # fmt: skip
+    verifier = m.verifier
+    engine = StreamingEngine.from_loaded(m, max_context=args.max_context, reuse=not args.no_reuse)
     server: Any = None
     died: list[BaseException] = []
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from specdec.serve.metrics import Metrics, request_stats
 from specdec.serve.protocol import Params, RequestError, error_body
-from specdec.stream import Engine
+from specdec.stream import StreamingEngine
 
 __all__ = ["Job", "Worker"]
 
@@ -38,7 +38,7 @@ class Worker:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: StreamingEngine,
         *,
         max_queue: int = 16,
         default_max_tokens: int = 512,

@@ -193,7 +193,7 @@ def acceptance_length(
     """Mean acceptance length (bonus included) of `specdec.engine.generate` with `drafter` over token-id
     prompts; `drafter` is a DFlashDrafter, a DFlashDraftModel or a checkpoint folder."""
     from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
-    from specdec.engine import DecodeConfig, generate
+    from specdec.engine import decode_config, generate
     from specdec.records import summarize
 
     if isinstance(drafter, (str, os.PathLike)):
@@ -204,7 +204,7 @@ def acceptance_length(
     elif isinstance(drafter, DFlashDraftModel):
         drafter = DFlashDrafter(drafter)
     drafter.bind(verifier)
-    cfg = DecodeConfig(max_new_tokens=max_new_tokens, block_size=drafter.block_size)
+    cfg = decode_config(drafter, max_new_tokens=max_new_tokens)
     results = [generate(verifier, list(p), drafter=drafter, cfg=cfg) for p in prompts]
     s = summarize(results, block_size=drafter.block_size)
     return {

@@ -1,0 +1,45 @@
+"""The DFlash kind's registry entry (`registry.KINDS`): DFlash and DFlash2 checkpoints in the public
+format, read by `specdec.drafting.checkpoint`, run by `specdec.drafting.dflash` (torch) and
+`specdec.drafting.dflash_mlx` (MLX)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specdec.drafting.checkpoint import DFLASH_FORMATS, check_checkpoint, check_target
+from specdec.drafting.kind import DrafterKind
+
+__all__ = ["DFLASH_KIND"]
+
+
+def _load(ckpt: Any, *, runtime: str, device: str | torch.device, dtype: torch.dtype, policy: Any) -> Any:
+    """The drafter of a `registry.Checkpoint` of this kind, from the config already read: the PyTorch one
+    on `device`, or (`runtime` "mlx") the MLX one beside an MLX verifier."""
+    if runtime == "mlx":
+        from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+
+        name = str(dtype).removeprefix("torch.")
+        drafter = MLXDFlashDrafter.from_pretrained(ckpt.folder, dtype=name, policy=policy, config=ckpt.header)
+    else:
+        from specdec.drafting.dflash import DFlashDrafter
+
+        drafter = DFlashDrafter.from_pretrained(
+            ckpt.folder, device=device, dtype=dtype, policy=policy, config=ckpt.header
+        )
+    drafter.name = ckpt.name
+    return drafter
+
+
+DFLASH_KIND = DrafterKind(
+    name="dflash",
+    summary="DFlash and DFlash2 block drafters, public format (z-lab, vLLM / SGLang)",
+    formats=DFLASH_FORMATS,
+    needs="hidden states of the target layers it names, the verifier's embedding and LM head",
+    runtimes=("torch", "mlx"),
+    trees=True,
+    read=check_checkpoint,
+    fits=lambda cfg, target, name: check_target(cfg, target, name=name),
+    load=_load,
+)

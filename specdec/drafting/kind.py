@@ -1,0 +1,28 @@
+"""`DrafterKind`: what a kind of drafter checkpoint is to specdec (its registry entry, `registry.KINDS`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DrafterKind"]
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """A kind of drafter checkpoint. `read(folder) -> header`; `fits(header, target, name)` raises a one-line
+    ValueError where the drafter cannot run against `target` (a verifier, or the shape of its model known
+    before it loads: `model_name`, `num_layers`, `hidden_size`, `vocab_size`); `load(checkpoint, *,
+    runtime, device, dtype, policy) -> Drafter`, not bound yet."""
+
+    name: str
+    summary: str
+    formats: frozenset[str]  # `formats.Format.kind`s it reads (public dialect)
+    needs: str  # what it takes from the verifier
+    runtimes: tuple[str, ...]  # drafter runtimes it loads in
+    trees: bool  # proposes trees (`--tree`)
+    read: Callable[[Path], Any]
+    fits: Callable[[Any, Any, str], None]
+    load: Callable[..., Any]
