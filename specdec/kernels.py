@@ -37,18 +37,21 @@ from __future__ import annotations
 
 import math
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import cache
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
+if TYPE_CHECKING:
+    from specdec.tree import Tree
+
 __all__ = [
-    "HALF", "KEY_ALIGN", "MAX_VERIFY_TOKENS", "PACKED_ROWS", "PROBE_CHUNKS", "CPULinear", "batch_invariant",
+    "HALF", "KEY_ALIGN", "MAX_VERIFY_TOKENS", "PACKED_ROWS", "CPULinear", "TreeAttention", "batch_invariant",
     "invariant_attention", "key_padding", "key_scores", "linear_fn", "linear_shapes", "onednn_usable",
-    "packed_weight", "use_cpu_linears", "verify_equals_steps",
+    "packed_weight", "use_cpu_linears",
 ]  # fmt: skip
 
 LinearFn = Callable[..., torch.Tensor]
@@ -213,7 +216,7 @@ def batch_invariant(
     each: pass the model's own, the rounding of a lone row depends on K) and of `invariant_attention` bit
     for bit the same in calls of 1, 2, 3, 8 and 16 rows as in one of 64, in `dtype` (measured once per
     process on random data, key counts crossing an alignment boundary included). A necessary condition;
-    `verify_equals_steps` measures the loaded model itself."""
+    `specdec.measure.verify_equals_steps` measures the loaded model itself."""
     g = torch.Generator().manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)  # noqa: E731
     f = linear_fn(torch.device(device), dtype)
@@ -244,41 +247,104 @@ def linear_shapes(module: torch.nn.Module) -> tuple[tuple[int, int], ...]:
     return tuple(sorted({tuple(m.weight.shape) for m in module.modules() if isinstance(m, torch.nn.Linear)}))
 
 
-class _Steppable(Protocol):
-    vocab_size: int
-
-    def reset(self) -> None: ...
-    def forward(self, tokens: Sequence[int]) -> torch.Tensor: ...
-
-
 #: the most tokens one verify holds (a chain's last token and drafts, a tree's nodes): products of that
-#: many rows still take the packed weight, and `verify_equals_steps` measures every verify up to it
+#: many rows still take the packed weight, and `specdec.measure.verify_equals_steps` measures every verify
+#: up to it
 MAX_VERIFY_TOKENS = PACKED_ROWS
-#: the calls whose rows `verify_equals_steps` compares with one verify of MAX_VERIFY_TOKENS tokens: every
-#: row count a kernel may treat apart (one row, a few, past 8, 16 and 32) meets the large call's rows
-PROBE_CHUNKS = (1, 1, 1, 1, 2, 3, 8, 15, 32)
 
 
-def verify_equals_steps(verifier: _Steppable, *, n_prompt: int = KEY_ALIGN - 4) -> bool:
-    """Whether a verify of MAX_VERIFY_TOKENS tokens gives bit for bit the logits that calls of 1, 2, 3, 8,
-    15 and 32 tokens give at the same positions (`PROBE_CHUNKS`, one-token steps first), on this verifier's
-    own model on this machine, after a prompt of `n_prompt` (the keys cross an alignment boundary). Any
-    verify a run makes then equals one-token steps (a kernel that rounds by row count, as torch's
-    vectorised bf16 rsqrt does from 32 elements, shows here). Runs on the verifier's cache: call it on a
-    fresh verifier; leaves it reset."""
-    assert sum(PROBE_CHUNKS) == MAX_VERIFY_TOKENS
-    ids = [(37 * i + 11) % verifier.vocab_size for i in range(n_prompt + MAX_VERIFY_TOKENS)]
-    verifier.reset()
-    verifier.forward(ids[:n_prompt])
-    whole = verifier.forward(ids[n_prompt:])  # [MAX_VERIFY_TOKENS, V]
-    verifier.reset()
-    verifier.forward(ids[:n_prompt])
-    parts, start = [], n_prompt
-    for n in PROBE_CHUNKS:
-        parts.append(verifier.forward(ids[start : start + n]))  # [n, V]
-        start += n
-    verifier.reset()
-    return torch.equal(whole, torch.cat(parts))
+class TreeAttention:
+    """Which keys each node of a tree verify sees, for a layer whose keys are `ctx` cached positions (the
+    newest, ending right before the root) followed by the tree's nodes: the cached ones (within a sliding
+    window: those less than `window` positions before the node's own) and the node's ancestors and
+    itself.
+
+    `attend` computes each node's row exactly as the node's path verified as a chain computes it, as
+    `invariant_attention` does for a chain: the scores come from one product of all nodes with all keys
+    (each is one dot product), then each node's scores and values are gathered into its chain's layout
+    (the cached keys, then its ancestors by depth), so every reduction over keys (the softmax, the product
+    with the values, the nodes as its batch) meets the same terms at the same indices as the chain's. A
+    layout shared by all nodes, with masked keys between a node's ancestors, does not: the matmul and
+    softmax kernels sum blocks of keys separately, and a key moved to another block changes the rounding
+    (SmolLM2-135M bf16: 0.25 on a logit). The values' copy costs nodes x keys per layer. `flat_mask` is
+    the same visibility over the cache's own order (the MLX verifier's attention, measured to need no
+    layout)."""
+
+    def __init__(self, tree: Tree, root_position: int, device: torch.device | str) -> None:
+        depths = tree.depths
+        T, D = len(tree), max(depths) + 1
+        anc = torch.zeros(T, T, dtype=torch.bool)
+        path = torch.zeros(T, D, dtype=torch.long)  # [T, D]: the ancestor of node i at depth e (0 past i)
+        for i, p in enumerate(tree.parents):
+            if p >= 0:
+                anc[i], path[i] = anc[p], path[p]
+            anc[i, i] = True
+            path[i, depths[i]] = i
+        self.size = T
+        self.root = root_position
+        self.device = torch.device(device)
+        self.depth = torch.tensor(depths, device=self.device)  # [T]
+        self.positions = self.depth + root_position  # [T] absolute position of each node
+        self.ancestors = anc.to(self.device)  # [T, T] node i sees node j
+        self.path = path.to(self.device)  # [T, D]
+        self.on_path = torch.arange(D, device=self.device)[None, :] <= self.depth[:, None]  # [T, D]
+        self._masks: dict[tuple[str, int, int | None], torch.Tensor] = {}
+
+    def _context(self, ctx: int, window: int | None) -> torch.Tensor:
+        """[T, ctx] bool: the cached keys each node sees."""
+        if window is None:
+            return torch.ones(self.size, ctx, dtype=torch.bool, device=self.device)
+        key = ("ctx", ctx, window)
+        if key not in self._masks:  # asked once per layer of a verify
+            kpos = torch.arange(self.root - ctx, self.root, device=self.device)  # [ctx]
+            self._masks[key] = kpos[None, :] > self.positions[:, None] - window
+        return self._masks[key]
+
+    def flat_mask(self, ctx: int, window: int | None = None) -> torch.Tensor:
+        """[T, ctx + T] bool over the cache's order (cached keys, then the nodes): True where a node sees."""
+        key = ("flat", ctx, window)
+        if key not in self._masks:
+            self._masks[key] = torch.cat([self._context(ctx, window), self.ancestors], 1)
+        return self._masks[key]
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        scale: float,
+        softcap: float | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """Attention of the nodes: q [1, Hq, T, D]; k, v [1, Hkv, ctx + T, D] (the cached keys, then the
+        nodes'). Returns [1, Hq, T, D], each row as its path verified as a chain gives it."""
+        T, (_, Hq, _, D), Hkv = self.size, q.shape, k.shape[1]
+        g, ctx, P = Hq // Hkv, k.shape[2] - T, self.path.shape[1]
+        # every node against every key in one product (a score is one dot product, the same in any layout)
+        # (rows node-major, so each node's scores come out in runs of g x keys: cheap to gather)
+        rows = q[0].view(Hkv, g, T, D).transpose(1, 2).reshape(Hkv, T * g, D)  # [Hkv, T*g, D]
+        s_all = key_scores(rows, k[0], scale=scale, softcap=softcap)  # [Hkv, T*g, ctx+T]
+        s_all = s_all.view(Hkv, T, g, ctx + T).transpose(0, 1)  # [T, Hkv, g, ctx+T]
+        # each node's scores and values in its chain's layout: the cached keys, then its ancestors by
+        # depth, padded to whole KEY_ALIGN blocks as `invariant_attention` pads a chain's
+        left, right = key_padding(self.root - ctx, ctx + P)
+        c0, c1 = left + ctx, left + ctx + P  # [c0, c1): the path's keys
+        s = s_all.new_full((T, Hkv, g, c1 + right), float("-inf"))  # [T, Hkv, g, W]
+        s[..., left:c0] = s_all[..., :ctx]
+        s[..., c0:c1] = torch.gather(s_all[..., ctx:], 3, self.path[:, None, None].expand(T, Hkv, g, P))
+        s[..., c0:c1].masked_fill_(~self.on_path[:, None, None], float("-inf"))  # past the node's depth
+        if window is not None:
+            s[..., left:c0].masked_fill_(
+                ~self._context(ctx, window)[:, None, None], float("-inf")
+            )  # slid out
+        p = s.softmax(-1).to(v.dtype)  # [T, Hkv, g, W]
+        vals = v.new_empty(T, Hkv, c1 + right, D)  # one copy of the values per node
+        vals[:, :, :left], vals[:, :, c1:] = 0, 0  # padding: finite, so its zero weights give exact zeros
+        vals[:, :, left:c0] = v[0, :, :ctx]
+        vals[:, :, c0:c1] = v[0, :, ctx:][:, self.path].transpose(0, 1)
+        out = torch.matmul(p, vals)  # [T, Hkv, g, D]: each node's rows alone against its own values
+        return out.permute(1, 2, 0, 3).reshape(1, Hq, T, D)
 
 
 def use_cpu_linears(module: torch.nn.Module) -> int:

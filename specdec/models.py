@@ -35,8 +35,8 @@ from types import SimpleNamespace
 from typing import Any
 
 __all__ = [
-    "MANIFEST", "MODELS", "ModelSpec", "config_fixes", "fetch", "is_repo_id", "model_dir", "models_home",
-    "resolve_model",
+    "MANIFEST", "MODELS", "ModelSpec", "fetch", "is_repo_id", "local_folder", "model_dir", "model_shape",
+    "models_home", "read_config", "resolve_drafter", "resolve_model",
 ]  # fmt: skip
 
 MANIFEST = "specdec-manifest.json"
@@ -371,88 +371,15 @@ def _convert(spec: ModelSpec, src: Path, out: Path, progress: bool) -> None:
 
 
 def _fix_config(out: Path) -> None:
-    """Make config.json read right in mlx_lm too (`config_fixes`: top-level rope values, Gemma's sliding
-    pattern), without the GGUF quantizer marker."""
+    """Make config.json read right in mlx_lm too (`specdec.compat.config_fixes`: top-level rope values,
+    Gemma's sliding pattern), without the GGUF quantizer marker."""
+    from specdec.compat import config_fixes
+
     path = out / "config.json"
     cfg = json.loads(path.read_text())
     cfg.pop("quantization_config", None)
     cfg.update(config_fixes(cfg))
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
-#: transformers' text-only model types and the mlx_lm model that reads them as its `text_config`
-_TEXT_ONLY = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
-
-
-def config_fixes(config: dict[str, Any]) -> dict[str, Any]:
-    """Config fields mlx_lm needs at the top level that transformers 5 stores elsewhere (pass as
-    `model_config`). Without them mlx_lm silently uses its defaults (rope_theta 10000, window pattern 6,
-    Gemma 4's global head_dim 512) or fails to build (Qwen3-MoE's `num_experts`). A Gemma 4 or Qwen3.5
-    multimodal config gets its fixes inside `text_config`; a text-only Qwen3.5 (`qwen3_5_text`, which
-    mlx_lm has no module for) becomes the `text_config` of the multimodal type."""
-    text = config.get("text_config")
-    mtype = config.get("model_type")
-    if mtype in ("gemma4", "qwen3_5", "qwen3_5_moe") and isinstance(text, dict):
-        inner = _flat_fixes(text)
-        return {"text_config": {**text, **inner}} if inner else {}
-    if mtype in _TEXT_ONLY:  # transformers' text-only Qwen3.5 layout: mlx_lm reads it as the outer model's
-        return {"model_type": _TEXT_ONLY[mtype], "text_config": {**config, **_flat_fixes(config)}}
-    return _flat_fixes(config)
-
-
-def _flat_fixes(config: dict[str, Any]) -> dict[str, Any]:
-    """`config_fixes` of one flat (text) config."""
-    mtype = config.get("model_type")
-    fixes: dict[str, Any] = {}
-    rope = config.get("rope_parameters")
-    if isinstance(rope, dict):  # each field only where the config has no top-level value of its own
-        per_type = {k: v for k, v in rope.items() if isinstance(v, dict)}
-        full = per_type.get("full_attention", rope) if per_type else rope
-        if "rope_theta" in full and "rope_theta" not in config:
-            fixes["rope_theta"] = full["rope_theta"]
-        if not per_type and "partial_rotary_factor" in full and "partial_rotary_factor" not in config:
-            fixes["partial_rotary_factor"] = full["partial_rotary_factor"]  # e.g. qwen3_next
-        if full.get("rope_type", "default") != "default" and config.get("rope_scaling") is None:
-            fixes["rope_scaling"] = {
-                k: v for k, v in full.items() if k != "rope_theta"
-            }  # e.g. gpt-oss's YaRN
-        sliding = per_type.get("sliding_attention")
-        if sliding and "rope_theta" in sliding and "rope_local_base_freq" not in config:
-            fixes["rope_local_base_freq"] = sliding["rope_theta"]
-    types = config.get("layer_types")
-    # mlx_lm derives these layer patterns from a period that transformers 5 no longer writes
-    period_keys = {"gemma3_text": ("sliding_window_pattern", "sliding_attention"),
-                   "qwen3_next": ("full_attention_interval", "linear_attention"),
-                   "qwen3_5_text": ("full_attention_interval", "linear_attention"),
-                   "qwen3_5_moe_text": ("full_attention_interval", "linear_attention")}  # fmt: skip
-    if mtype in period_keys and types and period_keys[mtype][0] not in config:
-        key, other = period_keys[mtype]
-        if "full_attention" not in types:
-            raise ValueError(f"{mtype} config has no full_attention layer in layer_types; mlx_lm needs one")
-        p = types.index("full_attention") + 1
-        expect = ["full_attention" if (i + 1) % p == 0 else other for i in range(len(types))]
-        if list(types) != expect:
-            raise ValueError(
-                f"{mtype} layer_types {types} are not periodic; mlx_lm's {mtype} only supports a fixed {key}"
-            )
-        fixes[key] = p
-    if "num_local_experts" in config and "num_experts" not in config:  # transformers 5 renames it
-        fixes["num_experts"] = config["num_local_experts"]
-    per_layer = config.get("per_layer_config")
-    if config.get("model_type") == "gemma4_text" and isinstance(per_layer, dict) and types:
-        # transformers 5 folds global_head_dim / num_global_key_value_heads into per-layer overrides of
-        # the full-attention layers; mlx_lm reads the top-level names
-        full = [per_layer.get(str(i)) or {} for i, t in enumerate(types) if t == "full_attention"]
-        for key, name in (
-            ("head_dim", "global_head_dim"),
-            ("num_key_value_heads", "num_global_key_value_heads"),
-        ):
-            values = {o[key] for o in full if key in o}
-            if len(values) > 1:
-                raise ValueError(f"gemma4 full-attention layers disagree on {key}: {sorted(values)}")
-            if values and name not in config:
-                fixes[name] = values.pop()
-    return fixes
 
 
 def _fix_modes(out: Path) -> None:

@@ -57,6 +57,11 @@ def check_layer_ids(layer_ids: Sequence[int], num_layers: int, model_name: str) 
     return tuple(layer_ids)
 
 
+#: one call of `Verifier.probe_logits`: token ids appended, a number of positions rolled back, or a tree
+#: verified in one call
+ProbeCall = Sequence[int] | int | Tree
+
+
 class MemoryProbe(Protocol):
     """Resets and reads a peak-memory counter around one call."""
 
@@ -139,6 +144,13 @@ class Verifier(Protocol):
 
     def memory_probe(self) -> MemoryProbe: ...
 
+    def probe_logits(self, calls: Sequence[ProbeCall]) -> list[torch.Tensor | None]:
+        """Run `calls` in order on a cache from empty and return each call's logits [T, V] as torch tensors
+        (None for a rollback): how `specdec.measure` measures `batch_invariant` and `tree_exact` on every
+        verifier the same way. A verifier that measures at load may use its own cache (leaving it reset);
+        one that measures on first use must leave its cache as it was."""
+        ...
+
 
 @runtime_checkable
 class Drafter(Protocol):
@@ -215,7 +227,8 @@ class TreeVerify(Protocol):
     """A verifier that verifies a tree of drafts in one call (`specdec.tree`)."""
 
     def check_tree(self) -> None:
-        """Raise ValueError (one line, naming why) where this model cannot verify trees exactly."""
+        """Raise ValueError (one line, naming why) where this model cannot verify trees exactly (the
+        verifiers measure it with `specdec.measure.trees_equal_chains` and keep it as `tree_exact`)."""
         ...
 
     def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:

@@ -3,9 +3,10 @@
 A `Tree` is the last committed token (node 0, the root) and draft nodes in an order where every parent
 comes before its children. A verifier that has `specdec.protocols.TreeVerify` runs all nodes in one
 forward, node i at position `root + depth[i]`, attending over the cached context and its own ancestors
-only (`TreeAttention`), and returns its own token after each node. The step accepts the longest root path
-whose every node's token is the verifier's token after its parent (`Tree.accept`), keeps exactly that path
-in the cache (`TreeVerify.keep_path`) and commits it plus the verifier's token after its last node. At
+only (`specdec.kernels.TreeAttention`), and returns its own token after each node. The step accepts the
+longest root path whose every node's token is the verifier's token after its parent (`Tree.accept`),
+keeps exactly that path in the cache (`TreeVerify.keep_path`) and commits it plus the verifier's token
+after its last node. At
 T > 0 the verifier's token at a node is sampled with the uniform of the node's position, as the chain's
 `match` rule does, so the committed text is the one plain sampling gives with the same seed.
 
@@ -21,19 +22,11 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
-from specdec.kernels import key_padding, key_scores
-
-__all__ = [
-    "PROBE_PARENTS", "PROBE_PROMPT", "TREE_AUTO_NODES", "TREE_TOPK", "Tree", "TreeAttention", "TreeBudget",
-    "best_first", "best_first_of", "probe_tree", "tree_exact",
-]  # fmt: skip
-
-#: the shape of the tree verifiers measure their tree verify with: three branches at the root, four deep
-PROBE_PARENTS = (-1, 0, 0, 0, 1, 1, 2, 4, 4, 7)
+__all__ = ["TREE_AUTO_NODES", "TREE_TOPK", "Tree", "TreeBudget", "best_first", "best_first_of"]
 
 #: the most nodes `--tree auto` considers (a 2-core CPU's verify costs rule out far fewer)
 TREE_AUTO_NODES = 32
@@ -182,124 +175,3 @@ def best_first_of(
                 keep, best = m, expected / cost(m + 1)
         n = keep + 1
     return Tree(tokens[:n], parents[:n], ranks[:n], probs[:n])
-
-
-class TreeAttention:
-    """Which keys each node of a tree verify sees, for a layer whose keys are `ctx` cached positions (the
-    newest, ending right before the root) followed by the tree's nodes: the cached ones (within a sliding
-    window: those less than `window` positions before the node's own) and the node's ancestors and
-    itself.
-
-    `attend` computes each node's row exactly as the node's path verified as a chain computes it, as
-    `invariant_attention` does for a chain: the scores come from one product of all nodes with all keys
-    (each is one dot product), then each node's scores and values are gathered into its chain's layout
-    (the cached keys, then its ancestors by depth), so every reduction over keys (the softmax, the product
-    with the values, the nodes as its batch) meets the same terms at the same indices as the chain's. A
-    layout shared by all nodes, with masked keys between a node's ancestors, does not: the matmul and
-    softmax kernels sum blocks of keys separately, and a key moved to another block changes the rounding
-    (SmolLM2-135M bf16: 0.25 on a logit). The values' copy costs nodes x keys per layer. `flat_mask` is
-    the same visibility over the cache's own order (the MLX verifier's attention, measured to need no
-    layout)."""
-
-    def __init__(self, tree: Tree, root_position: int, device: torch.device | str) -> None:
-        depths = tree.depths
-        T, D = len(tree), max(depths) + 1
-        anc = torch.zeros(T, T, dtype=torch.bool)
-        path = torch.zeros(T, D, dtype=torch.long)  # [T, D]: the ancestor of node i at depth e (0 past i)
-        for i, p in enumerate(tree.parents):
-            if p >= 0:
-                anc[i], path[i] = anc[p], path[p]
-            anc[i, i] = True
-            path[i, depths[i]] = i
-        self.size = T
-        self.root = root_position
-        self.device = torch.device(device)
-        self.depth = torch.tensor(depths, device=self.device)  # [T]
-        self.positions = self.depth + root_position  # [T] absolute position of each node
-        self.ancestors = anc.to(self.device)  # [T, T] node i sees node j
-        self.path = path.to(self.device)  # [T, D]
-        self.on_path = torch.arange(D, device=self.device)[None, :] <= self.depth[:, None]  # [T, D]
-        self._masks: dict[tuple[str, int, int | None], torch.Tensor] = {}
-
-    def _context(self, ctx: int, window: int | None) -> torch.Tensor:
-        """[T, ctx] bool: the cached keys each node sees."""
-        if window is None:
-            return torch.ones(self.size, ctx, dtype=torch.bool, device=self.device)
-        key = ("ctx", ctx, window)
-        if key not in self._masks:  # asked once per layer of a verify
-            kpos = torch.arange(self.root - ctx, self.root, device=self.device)  # [ctx]
-            self._masks[key] = kpos[None, :] > self.positions[:, None] - window
-        return self._masks[key]
-
-    def flat_mask(self, ctx: int, window: int | None = None) -> torch.Tensor:
-        """[T, ctx + T] bool over the cache's order (cached keys, then the nodes): True where a node sees."""
-        key = ("flat", ctx, window)
-        if key not in self._masks:
-            self._masks[key] = torch.cat([self._context(ctx, window), self.ancestors], 1)
-        return self._masks[key]
-
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        scale: float,
-        softcap: float | None = None,
-        window: int | None = None,
-    ) -> torch.Tensor:
-        """Attention of the nodes: q [1, Hq, T, D]; k, v [1, Hkv, ctx + T, D] (the cached keys, then the
-        nodes'). Returns [1, Hq, T, D], each row as its path verified as a chain gives it."""
-        T, (_, Hq, _, D), Hkv = self.size, q.shape, k.shape[1]
-        g, ctx, P = Hq // Hkv, k.shape[2] - T, self.path.shape[1]
-        # every node against every key in one product (a score is one dot product, the same in any layout)
-        # (rows node-major, so each node's scores come out in runs of g x keys: cheap to gather)
-        rows = q[0].view(Hkv, g, T, D).transpose(1, 2).reshape(Hkv, T * g, D)  # [Hkv, T*g, D]
-        s_all = key_scores(rows, k[0], scale=scale, softcap=softcap)  # [Hkv, T*g, ctx+T]
-        s_all = s_all.view(Hkv, T, g, ctx + T).transpose(0, 1)  # [T, Hkv, g, ctx+T]
-        # each node's scores and values in its chain's layout: the cached keys, then its ancestors by
-        # depth, padded to whole KEY_ALIGN blocks as `invariant_attention` pads a chain's
-        left, right = key_padding(self.root - ctx, ctx + P)
-        c0, c1 = left + ctx, left + ctx + P  # [c0, c1): the path's keys
-        s = s_all.new_full((T, Hkv, g, c1 + right), float("-inf"))  # [T, Hkv, g, W]
-        s[..., left:c0] = s_all[..., :ctx]
-        s[..., c0:c1] = torch.gather(s_all[..., ctx:], 3, self.path[:, None, None].expand(T, Hkv, g, P))
-        s[..., c0:c1].masked_fill_(~self.on_path[:, None, None], float("-inf"))  # past the node's depth
-        if window is not None:
-            s[..., left:c0].masked_fill_(
-                ~self._context(ctx, window)[:, None, None], float("-inf")
-            )  # slid out
-        p = s.softmax(-1).to(v.dtype)  # [T, Hkv, g, W]
-        vals = v.new_empty(T, Hkv, c1 + right, D)  # one copy of the values per node
-        vals[:, :, :left], vals[:, :, c1:] = 0, 0  # padding: finite, so its zero weights give exact zeros
-        vals[:, :, left:c0] = v[0, :, :ctx]
-        vals[:, :, c0:c1] = v[0, :, ctx:][:, self.path].transpose(0, 1)
-        out = torch.matmul(p, vals)  # [T, Hkv, g, D]: each node's rows alone against its own values
-        return out.permute(1, 2, 0, 3).reshape(1, Hq, T, D)
-
-
-#: prompt tokens before the probe tree: its keys past a few alignment blocks
-PROBE_PROMPT = 190
-
-
-def probe_tree(vocab_size: int) -> tuple[list[int], Tree]:
-    """The prompt and the tree (`PROBE_PARENTS`) a verifier measures its tree verify with."""
-    ids = [(37 * i + 11) % vocab_size for i in range(PROBE_PROMPT + len(PROBE_PARENTS))]
-    return ids[:PROBE_PROMPT], Tree(ids[PROBE_PROMPT:], list(PROBE_PARENTS))
-
-
-def tree_exact(verifier: Any, device: torch.device | str) -> bool:
-    """Whether a tree verify gives every node bit for bit the logits of its path verified as a chain, on
-    this verifier's own model here (`probe_tree`: branches at several depths, after a prompt whose keys
-    cross alignment blocks). Runs on the verifier's cache: call it on a fresh verifier; leaves it reset."""
-    prompt, tree = probe_tree(verifier.vocab_size)
-    verifier.reset()
-    verifier.forward(prompt)
-    want = []
-    for i in range(len(tree)):
-        path = tree.path(i)
-        want.append(verifier.forward([tree.tokens[j] for j in path])[-1])  # [V]
-        verifier.rollback(len(path))
-    got = verifier.forward(tree.tokens, tree=TreeAttention(tree, len(prompt), device))  # [N, V]
-    verifier.reset()
-    return all(torch.equal(got[i], w) for i, w in enumerate(want))

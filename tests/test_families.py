@@ -24,11 +24,12 @@ import parity  # noqa: E402
 import tinymodels  # noqa: E402
 
 from specdec.bridges.mlx import text_model  # noqa: E402
+from specdec.compat import config_fixes  # noqa: E402
 from specdec.drafting.checkpoint import save_checkpoint  # noqa: E402
 from specdec.drafting.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel  # noqa: E402
 from specdec.engine import DecodeConfig, generate  # noqa: E402
 from specdec.verifiers.hf import HFVerifier  # noqa: E402
-from specdec.verifiers.mlx import MLXVerifier, config_fixes  # noqa: E402
+from specdec.verifiers.mlx import MLXVerifier  # noqa: E402
 
 pytestmark = [pytest.mark.mlx, pytest.mark.hf]
 

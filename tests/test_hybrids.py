@@ -7,7 +7,7 @@ transformers and mlx_lm. Prompts are 40 tokens, so gpt-oss's windows of 16 have 
 each runtime's own greedy generation. A rollback of a recurrent layer must give back exactly the state
 after the accepted prefix: the HF verifier keeps one recurrent state per verified position (transformers'
 own recording), the MLX verifier replays the recurrence over the accepted prefix from the state before
-the verify (`specdec.verifiers.mlx._Recurrent`).
+the verify (`specdec.verifiers.mlx_cache.Recurrent`).
 """
 
 from __future__ import annotations
@@ -327,7 +327,7 @@ def test_random_partial_rollbacks_equal_a_fresh_forward(verifiers, rt, arch):
 
 @pytest.mark.parametrize("rt", RUNTIMES)
 def test_a_rollback_reaches_only_what_was_recorded(verifiers, rt):
-    """A prefill longer than MAX_RECORDED keeps no per-position state: reaching into it is refused with
+    """A prefill longer than MAX_VERIFY_TOKENS keeps no per-position state: reaching into it is refused with
     the reason (callers that can, like prefix reuse, then prefill again); the cache is left as it was."""
     v = verifiers[rt, "qwen3_5"]
     v.reset()

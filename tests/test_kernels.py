@@ -98,7 +98,7 @@ def test_masked_gqa_attention_is_bit_identical():
     pytest.importorskip("transformers")
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from specdec.verifiers.hf import _sdpa_gqa
+    from specdec.verifiers.hf_parts import sdpa_gqa
 
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 3, True
@@ -108,7 +108,7 @@ def test_masked_gqa_attention_is_bit_identical():
     k, v = (torch.randn(1, 2, S, 16, generator=g) for _ in range(2))
     mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)[None, None]  # [1, 1, T, S] causal over the cache
     mask[..., :5] = False  # a sliding window, say
-    got, _ = _sdpa_gqa(module, q, k, v, mask, scaling=0.25)
+    got, _ = sdpa_gqa(module, q, k, v, mask, scaling=0.25)
     want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
     assert got.shape == want.shape == (1, T, 6, 16)
     assert torch.equal(got, want)

@@ -22,8 +22,8 @@ import parity  # noqa: E402
 import tinymodels  # noqa: E402
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_cache  # noqa: E402
 
+from specdec.compat import config_fixes  # noqa: E402
 from specdec.engine import DecodeConfig, generate  # noqa: E402
-from specdec.models import config_fixes  # noqa: E402
 from specdec.verifiers.mlx import MLXVerifier  # noqa: E402
 
 pytestmark = pytest.mark.mlx

@@ -31,10 +31,10 @@ from tinymodels import tiny_gemma3, tiny_gpt_oss, tiny_llama, tiny_qwen3, tiny_q
 
 from specdec.drafting.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
-from specdec.kernels import batch_invariant, invariant_attention
+from specdec.kernels import TreeAttention, batch_invariant, invariant_attention
 from specdec.sampling import Sampler, SamplingParams, sample_from, warp
 from specdec.stream import ChatSession, StreamingEngine
-from specdec.tree import Tree, TreeAttention, TreeBudget, best_first
+from specdec.tree import Tree, TreeBudget, best_first
 from specdec.verifiers.stub import StubConfig, StubVerifier
 
 FAMILIES = {"llama": tiny_llama, "gemma3": tiny_gemma3, "qwen3": tiny_qwen3}

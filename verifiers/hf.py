@@ -14,7 +14,7 @@ Gemma 4's KV-shared layers get a `DummyLayer` (no cache of their own: they atten
 layer's keys/values), which holds nothing to roll back.
 
 Gated DeltaNet layers (Qwen3.5 / 3.6, Qwen3-Next: `linear_attention`) roll back with transformers' own
-recording: a call of at most `MAX_RECORDED` tokens runs their recurrence token by token, as one-token
+recording: a call of at most `MAX_VERIFY_TOKENS` tokens runs their recurrence token by token, as one-token
 steps do, and keeps the state after each position, and the conv layers keep their inputs until the next
 crop, which takes the state and conv window of the accepted prefix and lets the rest go. Longer calls
 (prefills) take transformers' chunked kernel and keep no states: a rollback into one raises
@@ -33,8 +33,6 @@ position) and, up to transformers 5.24, fails outright when the model has no per
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from contextvars import ContextVar
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +40,26 @@ import torch
 import torch.nn.functional as F
 
 from specdec.kernels import (
+    MAX_VERIFY_TOKENS,
+    TreeAttention,
     batch_invariant,
-    invariant_attention,
     linear_fn,
     linear_shapes,
     use_cpu_linears,
-    verify_equals_steps,
 )
+from specdec.measure import probe_own_cache, trees_equal_chains, verify_equals_steps
 from specdec.memory import probe_for_module
-from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
-from specdec.tree import Tree, TreeAttention, tree_exact
+from specdec.protocols import (
+    EmbedFn,
+    LMHeadFn,
+    MemoryProbe,
+    ProbeCall,
+    RollbackError,
+    SampleFn,
+    check_layer_ids,
+)
+from specdec.tree import Tree
+from specdec.verifiers.hf_parts import TREE, attend_invariant, growing_layer, sdpa_gqa, set_attention
 
 __all__ = ["EXACT_ROLLBACK_LAYER_TYPES", "HFVerifier"]
 
@@ -62,15 +70,6 @@ EXACT_ROLLBACK_LAYER_TYPES = frozenset(
     {"full_attention", "sliding_attention", "chunked_attention", "linear_attention"}
 )
 
-#: A call of at most this many tokens keeps one recurrent state per position in every linear-attention
-#: layer (and runs the recurrence token by token, as one-token steps do); longer calls (prefills) keep
-#: none and take transformers' chunked kernel, so a rollback cannot reach into them.
-MAX_RECORDED = 64
-
-
-#: the tree a `verify_tree` on this thread is running: our attention functions then attend by its mask
-_TREE: ContextVar[TreeAttention | None] = ContextVar("specdec_tree", default=None)
-
 
 def _as_ids(value: Any) -> set[int]:
     if value is None:
@@ -78,107 +77,6 @@ def _as_ids(value: Any) -> set[int]:
     if isinstance(value, int):
         return {value}
     return {int(v) for v in value}
-
-
-def _sdpa_gqa(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kw: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, except that a masked multi-token call lets torch broadcast the
-    shared K/V heads (`enable_gqa`) where transformers would `repeat_kv`, i.e. copy the whole cache
-    n_rep times in every layer of every verify. CPU only: there torch's SDPA kernel takes both."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if (tree := _TREE.get()) is not None:
-        return _attend_tree(module, query, key, value, tree, **kw)
-    plain = (
-        query.device.type != "cpu" or getattr(module, "num_key_value_groups", 1) == 1
-        or attention_mask is None or query.shape[2] == 1
-        or kw.get("dropout", 0.0) or kw.get("softcap") is not None or kw.get("position_bias") is not None
-    )  # fmt: skip
-    if plain:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, scale=kw.get("scaling"), enable_gqa=True
-    )  # [1, heads, T, D]
-    return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
-
-
-def _attend_invariant(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kw: Any,
-) -> tuple[torch.Tensor, None]:
-    """`specdec.kernels.invariant_attention` under transformers' attention interface: the keys of the call
-    sit at absolute positions ending at the last query's (full layers from 0, sliding layers from where
-    their window starts), which is what the alignment needs.
-
-    No mask means what it means to transformers' SDPA attention: causal (aligned at the first key, as
-    torch's `is_causal`) for a call of several queries in a causal module, every key visible for one
-    query. transformers passes none for a causal call whose queries are all its keys (a prefill on an
-    empty cache, a training forward) and relies on `is_causal`; read as "every key visible", that prefill
-    let each position see the ones after it (SmolLM2-135M bf16: 2.6% of argmaxes right)."""
-    if (tree := _TREE.get()) is not None:
-        return _attend_tree(module, query, key, value, tree, **kw)
-    pos = kw.get("position_ids")
-    T, S = query.shape[2], key.shape[2]
-    start = int(pos[0, -1]) - S + 1 if pos is not None else 0
-    mask = attention_mask
-    if mask is not None and mask.dtype != torch.bool:  # an additive float mask: 0 where visible
-        mask = mask == 0
-    causal = kw.get("is_causal")
-    if mask is None and T > 1 and (getattr(module, "is_causal", True) if causal is None else causal):
-        mask = torch.ones(T, S, dtype=torch.bool, device=query.device).tril()[None, None]  # [1, 1, T, S]
-    scale = kw.get("scaling") or query.shape[-1] ** -0.5
-    out = invariant_attention(
-        query, key, value, mask, scale=scale, key_start=start, softcap=kw.get("softcap")
-    )
-    return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
-
-
-def _attend_tree(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    tree: TreeAttention,
-    **kw: Any,
-) -> tuple[torch.Tensor, None]:
-    """A tree verify's attention: the last T keys are the tree's nodes, the ones before them the newest
-    cached positions; each node sees those (within the layer's sliding window) and its ancestors, in
-    place of transformers' causal mask, each row computed as its path verified as a chain computes it
-    (`TreeAttention.attend`: bit for bit where the verifier is batch-invariant)."""
-    window = kw.get("sliding_window") or getattr(module, "sliding_window", None)
-    out = tree.attend(
-        query, key, value, scale=kw.get("scaling") or query.shape[-1] ** -0.5, softcap=kw.get("softcap"),
-        window=window,
-    )  # fmt: skip
-    return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
-
-
-def _set_attention(model: torch.nn.Module, name: str, fn: Any) -> bool:
-    """Switch a model that runs transformers' SDPA attention (or one of ours) to `fn`, registered as `name`
-    with the same masks; whether it was switched."""
-    if getattr(model.config, "_attn_implementation", None) not in (
-        "sdpa",
-        "specdec_sdpa",
-        "specdec_invariant",
-    ):
-        return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(name, fn)
-    AttentionMaskInterface.register(name, sdpa_mask)
-    model.set_attn_implementation(name)
-    return True
 
 
 def _check_layer_types(cfg: Any, name: str) -> None:
@@ -219,7 +117,7 @@ class HFVerifier:
         `specdec.kernels.invariant_attention`, so a verify of several tokens gives each position bit for bit
         what a one-token verify gives wherever the linears are invariant too. `batch_invariant` says
         whether a verify equals one-token steps bit for bit on this model here, measured at load
-        (`specdec.kernels.verify_equals_steps`); speculative output then equals autoregressive output
+        (`specdec.measure.verify_equals_steps`); speculative output then equals autoregressive output
         token for token in that dtype."""
         if isinstance(model_path_or_model, torch.nn.Module):
             model = model_path_or_model.to(device=device, dtype=dtype)
@@ -235,9 +133,9 @@ class HFVerifier:
         invariant = half and cpu if invariant is None else invariant
         if onednn and cpu:
             use_cpu_linears(model)
-        switched = bool(invariant) and _set_attention(model, "specdec_invariant", _attend_invariant)
+        switched = bool(invariant) and set_attention(model, "specdec_invariant", attend_invariant)
         # ours also where it changes nothing (not on a CPU): a tree verify attends through it
-        sdpa = not invariant and (onednn or not cpu) and _set_attention(model, "specdec_sdpa", _sdpa_gqa)
+        sdpa = not invariant and (onednn or not cpu) and set_attention(model, "specdec_sdpa", sdpa_gqa)
         self._own_attention = switched or sdpa  # what `check_tree` asks
         self.config = cfg = model.config.get_text_config(decoder=True)
         _check_layer_types(cfg, Path(path).name or path)  # a model object; a folder is checked before loading
@@ -276,7 +174,7 @@ class HFVerifier:
         )
         #: a tree verify gives each node bit for bit its path's logits verified as a chain on this model here
         #: (measured where the verify is batch-invariant, which is where bit for bit is the claim)
-        self.tree_exact = tree_exact(self, self.device) if self.batch_invariant else True
+        self.tree_exact = trees_equal_chains(self) if self.batch_invariant else True
 
     # ---- loading -------------------------------------------------------------------------------------
 
@@ -380,7 +278,7 @@ class HFVerifier:
         from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
         self._cache = kv = DynamicCache(config=self.model.config)
-        grow = _growing_layer()  # in place of the plain layers (the sliding and shared ones stay as they are)
+        grow = growing_layer()  # in place of the plain layers (the sliding and shared ones stay as they are)
         kv.layers = [grow() if type(la) is DynamicLayer else la for la in kv.layers]
         # sliding layers keep what a verify appended until the crop that follows it, linear-attention
         # layers their conv inputs and the recurrent states `forward` asks for (see module docstring)
@@ -444,7 +342,7 @@ class HFVerifier:
         self, tokens: Sequence[int], *, last_only: bool = False, tree: TreeAttention | None = None
     ) -> torch.Tensor:
         """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). With `tree`, `tokens` are
-        a tree's nodes: positions by depth, each seeing the cache and its ancestors (`_attend_tree`)."""
+        a tree's nodes: positions by depth, each seeing the cache and its ancestors (`hf_parts`)."""
         T = len(tokens)
         if T == 0:
             raise ValueError("no tokens to process")
@@ -457,21 +355,28 @@ class HFVerifier:
         keep: int | torch.Tensor = 1 if last_only else 0
         if self._kv_shared:  # indices, not an int (see module docstring)
             keep = torch.arange(T - 1 if last_only else 0, T, device=self.device)
-        record = T <= MAX_RECORDED
+        # a verify (at most MAX_VERIFY_TOKENS) keeps one recurrent state per position in every linear-
+        # attention layer and runs the recurrence token by token, as one-token steps do; a prefill keeps
+        # none and takes transformers' chunked kernel, so a rollback cannot reach into it
+        record = T <= MAX_VERIFY_TOKENS
         for la in self._linear:  # one state per position, the recurrence run token by token
             la.recurrent_states_to_keep = T if record else 0
         pos = None if tree is None else tree.positions[None]  # [1, T]
-        reset = _TREE.set(tree)  # read by our attention functions, on this thread only
+        reset = TREE.set(tree)  # read by our attention functions, on this thread only
         try:
             out = self.model(
                 input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=keep, position_ids=pos
             )
         finally:
-            _TREE.reset(reset)
+            TREE.reset(reset)
         self._pos += T
         self._since_crop += T
         self._recorded = self._recorded + T if record else 0
         return out.logits[0]  # [T, V]
+
+    def probe_logits(self, calls: Sequence[ProbeCall]) -> list[torch.Tensor | None]:
+        """`specdec.measure`'s calls on this verifier's own cache from empty (at load; leaves it reset)."""
+        return probe_own_cache(self, calls, self.device)
 
     def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
         logits = self.forward(tokens, last_only=True)  # [1, V]
@@ -590,65 +495,3 @@ class HFVerifier:
         from specdec.train.batched import generate_many
 
         return generate_many(self.model, items, stop_ids=self.eos_token_ids, rows=rows, max_len=max_len)
-
-
-@cache
-def _growing_layer() -> type:
-    """The `DynamicLayer` of our verifier's cache: its keys and values live in a buffer that grows by
-    doubling, so an append writes only the new positions and a crop only shortens the view. transformers'
-    own layer concatenates the whole cache on every append: at 400 cached positions that copy was ~2 ms of
-    a ~50 ms SmolLM2-135M step on a 2-core CPU (~0.7 ms in place). Attention reads the same values (a
-    strided view); the buffer holds up to twice the cached positions."""
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        exact_rollback = True  # for `check_rollback` (by attribute: a class made twice by racing threads)
-
-        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-            super().lazy_initialization(key_states, value_states)
-            self._k = self._v = None  # [B, H, capacity, D] each, allocated by the first update
-            self._n = 0  # positions held
-
-        def _view(self) -> tuple[torch.Tensor, torch.Tensor]:
-            self.keys, self.values = self._k.narrow(-2, 0, self._n), self._v.narrow(-2, 0, self._n)
-            return self.keys, self.values
-
-        def update(
-            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            n, T = self._n, key_states.shape[-2]
-            if self._k is None or n + T > self._k.shape[-2]:
-                cap = max(-(-(n + T) // 256) * 256, 2 * (0 if self._k is None else self._k.shape[-2]))
-                k = key_states.new_empty((*key_states.shape[:-2], cap, key_states.shape[-1]))
-                v = value_states.new_empty((*value_states.shape[:-2], cap, value_states.shape[-1]))
-                if n:
-                    k[..., :n, :], v[..., :n, :] = self._k[..., :n, :], self._v[..., :n, :]
-                self._k, self._v = k, v
-            self._k.narrow(-2, n, T).copy_(key_states)
-            self._v.narrow(-2, n, T).copy_(value_states)
-            self._n = n + T
-            return self._view()
-
-        def keep_last(self, T: int, rows: torch.Tensor) -> None:
-            """Of the last T positions keep `rows` [n], in that order (a tree verify's accepted path)."""
-            n0 = self._n - T
-            self._k[..., n0 : n0 + len(rows), :] = self._k[..., n0 + rows, :]  # indexing copies: no overlap
-            self._v[..., n0 : n0 + len(rows), :] = self._v[..., n0 + rows, :]
-            self._n = n0 + len(rows)
-            self._view()
-
-        def crop(self, tokens_to_remove: int) -> None:
-            if tokens_to_remove > 0:
-                raise ValueError(f"crop takes minus the positions to remove, got {tokens_to_remove}")
-            if tokens_to_remove and self.is_initialized and self._k is not None:
-                self._n = max(0, self._n + tokens_to_remove)
-                self._view()
-
-        def reset(self) -> None:
-            self._k = self._v = None
-            self._n = 0
-            super().reset()
-
-    return GrowingLayer

@@ -20,7 +20,7 @@ Contract (beyond `specdec.protocols.Verifier`):
   cache types (other recurrent / SSM caches, rotating caches of unverified architectures). Every rollback
   checks that each layer's cache offset moved by exactly n.
 - Gated DeltaNet layers (Qwen3.5 / 3.6, Qwen3-Next: an ArraysCache with the conv window and the recurrent
-  state) roll back by replay (`_Recurrent`): a call of at most `MAX_RECORDED` tokens keeps the layer's
+  state) roll back by replay (`Recurrent`): a call of at most `MAX_VERIFY_TOKENS` tokens keeps the layer's
   state from before the call and its input projections' outputs; a rollback restores that state and runs
   mlx_lm's own mixer over the accepted prefix again, which recomputes the conv window and the recurrence
   (the same per-token steps) but no projection. What the calls since the last rollback appended can be
@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +56,22 @@ from specdec.bridges.mlx import (
     text_model,
     to_torch,
 )
+from specdec.compat import config_fixes, model_classes
 from specdec.drafting.formats import refuse_as_model
-from specdec.kernels import MAX_VERIFY_TOKENS, PROBE_CHUNKS
+from specdec.kernels import MAX_VERIFY_TOKENS, TreeAttention
+from specdec.measure import trees_equal_chains, verify_equals_steps
 from specdec.memory import mlx_probe
-from specdec.models import config_fixes
-from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, RollbackError, SampleFn, check_layer_ids
-from specdec.tree import Tree, TreeAttention, probe_tree
+from specdec.protocols import (
+    EmbedFn,
+    LMHeadFn,
+    MemoryProbe,
+    ProbeCall,
+    RollbackError,
+    SampleFn,
+    check_layer_ids,
+)
+from specdec.tree import Tree
+from specdec.verifiers.mlx_cache import Recurrent, Tap, TreeCache, TreeRoPE
 
 __all__ = ["MLXVerifier"]
 
@@ -86,10 +95,6 @@ _EXACT_CACHES = (KVCache, ConcatenateKVCache)
 #: and full layers alternating, attention sinks) builds its sliding mask the same way, and its sinks are
 #: a per-head logit that does not depend on the cache.
 _WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text", "gemma4_text", "gpt_oss"})
-
-#: A call of at most this many tokens can be undone in the recurrent layers (`_Recurrent`); longer calls
-#: (prefills) record nothing, so a rollback cannot reach into them.
-MAX_RECORDED = 64
 
 #: `layer_types` entries of attention layers (anything else is recurrent / linear-attention state)
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
@@ -116,176 +121,6 @@ def _dtype_name(d: mx.Dtype) -> str:
     return str(d).rsplit(".", 1)[-1]  # "mlx.core.float32" -> "float32"
 
 
-def _classes(config: dict[str, Any]) -> tuple[type, type]:
-    """mlx_lm's model classes for `config`, with a `sanitize` that first reads the layouts transformers 5
-    saves which mlx_lm's own does not (`_transformers_layout`)."""
-    from mlx_lm.utils import _get_classes
-
-    model_class, args_class = _get_classes(config)
-    mtype = config.get("model_type")
-
-    def sanitize(self: Any, weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        weights = _transformers_layout(mtype, weights)
-        return model_class.sanitize(self, weights) if hasattr(model_class, "sanitize") else weights
-
-    return type(model_class.__name__, (model_class,), {"sanitize": sanitize}), args_class
-
-
-def _transformers_layout(model_type: str | None, weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """Weights as mlx_lm's sanitizers expect them, from two layouts transformers 5.25 saves:
-    - Qwen3.5-MoE experts one by one (`...mlp.experts.<e>.<gate|up|down>_proj.weight`), which mlx_lm's
-      qwen3_5_moe reads only fused: stacked into `...mlp.switch_mlp.<name>.weight` [E, out, in];
-    - gpt-oss experts as bare input-major tensors (`...experts.gate_up_proj` [E, H, 2I], `down_proj`
-      [E, I, H]), where mlx_lm expects OpenAI's output-major `....weight`: transposed and renamed.
-    mlx-community conversions (already sanitized) match neither pattern and pass unchanged."""
-    import re
-
-    if model_type not in ("qwen3_5_moe", "gpt_oss"):
-        return weights
-    out: dict[str, mx.array] = {}
-    experts: dict[tuple[str, str], dict[int, mx.array]] = {}
-    for k, v in weights.items():
-        m = re.fullmatch(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight", k)
-        if m and model_type == "qwen3_5_moe":
-            experts.setdefault((m[1], m[3]), {})[int(m[2])] = v
-        elif (
-            model_type == "gpt_oss" and re.search(r"\.experts\.(gate_up_proj|down_proj)$", k) and v.ndim == 3
-        ):
-            out[k + ".weight"] = mx.swapaxes(v, -1, -2)
-        else:
-            out[k] = v
-    for (prefix, name), by_e in experts.items():
-        out[f"{prefix}.switch_mlp.{name}.weight"] = mx.stack([by_e[e] for e in sorted(by_e)])  # [E, out, in]
-    return out
-
-
-class _Replay:
-    """Stands in for one input projection of a recurrent mixer: records its output during a verify; gives
-    back the first `rows` positions of the given output during a replay (no product computed again)."""
-
-    def __init__(self, proj: Any, out: mx.array | None = None, rows: int | None = None) -> None:
-        self.proj, self.out, self.rows = proj, out, rows
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if self.rows is not None:
-            return self.out[:, : self.rows]
-        self.out = self.proj(x)  # [1, T, D]
-        return self.out
-
-
-class _Recurrent:
-    """Stands in for one recurrent mixer (Gated DeltaNet: `layer.linear_attn`) during the calls since the last
-    rollback, so that they can be undone exactly. It keeps the mixer's cache arrays as they were before the
-    first of them (MLX arrays are immutable and the mixer assigns new ones, so the references are the
-    snapshot), and each call's input and input-projection outputs. `replay(a)` restores the snapshot and
-    runs mlx_lm's own mixer over the first `a` of those positions again with the recorded outputs: only the
-    conv window and the recurrence are recomputed (the same per-token steps); the output projection is
-    never evaluated. Several calls before one rollback: a draft model drafting token by token."""
-
-    def __init__(self, mixer: nn.Module, proj_names: Sequence[str]) -> None:
-        self.mixer, self.names = mixer, tuple(proj_names)
-        self.cache: Any = None
-        self.calls: list[tuple[mx.array, dict[str, _Replay]]] = []  # since the last rollback
-
-    def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
-        if not self.calls:
-            self.cache, self.before = cache, list(cache.cache)
-        taps = {n: _Replay(self.mixer[n]) for n in self.names}
-        self.calls.append((x, taps))  # x: [1, T, H]
-        with _swapped(self.mixer, taps):
-            return self.mixer(x, mask, cache)
-
-    def held_bytes(self) -> int:
-        """What the recorded calls keep: their inputs and input-projection outputs."""
-        return sum(x.nbytes + sum(t.out.nbytes for t in taps.values()) for x, taps in self.calls)
-
-    def forget(self) -> None:
-        """Keep the state as it is: the recorded calls are committed."""
-        self.calls = []
-
-    def replay(self, a: int) -> None:
-        calls, self.calls = self.calls, []
-        self.cache.cache = list(self.before)
-        if a == 0:
-            return
-
-        def joined(parts: list[mx.array]) -> mx.array:
-            return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
-
-        x = joined([c[0] for c in calls])[:, :a]
-        taps = {n: _Replay(None, joined([c[1][n].out for c in calls]), a) for n in self.names}
-        with _swapped(self.mixer, taps):
-            self.mixer(x, None, self.cache)
-
-
-@contextmanager
-def _swapped(module: nn.Module, parts: dict[str, Any]) -> Iterator[None]:
-    """`module`'s children `parts` replaced for the duration (mlx Modules are dicts: item assignment)."""
-    originals = {n: module[n] for n in parts}
-    for n, p in parts.items():
-        module[n] = p
-    try:
-        yield
-    finally:
-        for n, p in originals.items():
-            module[n] = p
-
-
-class _Tap:
-    """Stands in for one decoder layer during a forward: records its output, optionally keeps only the
-    last position (for the LM head), and forwards attribute reads (`layer.use_sliding` etc.)."""
-
-    def __init__(self, layer: Any, store: dict[int, mx.array], slot: int | None, last_only: bool) -> None:
-        self.layer, self.store, self.slot, self.last_only = layer, store, slot, last_only
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.layer, name)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.layer(*args, **kwargs)
-        h = out[0] if isinstance(out, tuple) else out  # [1, T, H]
-        if self.slot is not None:
-            self.store[self.slot] = h
-        if not self.last_only:
-            return out
-        h = h[:, -1:, :]  # [1, 1, H]: what the final norm and LM head see
-        return (h, *out[1:]) if isinstance(out, tuple) else h
-
-
-class _TreeRoPE(nn.Module):
-    """Stands in for an attention layer's RoPE during a tree verify: each node at its own position (the
-    call's rows become batch rows, so one rope call takes a vector of offsets), whatever offset the layer
-    asks for (its cache's, the next slot)."""
-
-    def __init__(self, rope: Any, positions: mx.array) -> None:
-        super().__init__()
-        self.inner, self.positions = rope, positions  # [T]
-
-    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
-        y = self.inner(x.transpose(2, 1, 0, 3), offset=self.positions)  # [1, H, T, D] -> [T, H, 1, D]
-        return y.transpose(2, 1, 0, 3)
-
-
-class _TreeCache:
-    """A layer's KV cache during a tree verify: appends the nodes as the cache does, and where the model
-    asks its cache for the attention mask, gives the tree's (each node sees the context, within a sliding
-    window by position, and its ancestors)."""
-
-    def __init__(self, cache: Any, tree: TreeAttention) -> None:
-        self.cache, self.tree = cache, tree
-
-    @property
-    def offset(self) -> int:
-        return self.cache.offset
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        return self.cache.update_and_fetch(keys, values)
-
-    def make_mask(self, n: int, *, window_size: int | None = None, **kw: Any) -> mx.array:
-        mask = self.tree.flat_mask(self.tree.root, window_size)  # [T, root + T] bool, torch
-        return mx.array(mask.numpy())
-
-
 class MLXVerifier:
     """Verifier protocol over an mlx_lm model (see module docstring)."""
 
@@ -307,7 +142,7 @@ class MLXVerifier:
         path = _download(str(path_or_repo))  # local folders are returned as they are
         config = json.loads((path / "config.json").read_text())
         refuse_as_model(path, config)  # a drafter folder, not a model
-        model, config = load_model(path, model_config=config_fixes(config), get_model_classes=_classes)
+        model, config = load_model(path, model_config=config_fixes(config), get_model_classes=model_classes)
         tok_files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
         tokenizer = None
         if any((path / f).exists() for f in tok_files):  # as mlx_lm.load does
@@ -399,25 +234,16 @@ class MLXVerifier:
     @property
     def batch_invariant(self) -> bool:
         """Whether a verify of up to MAX_VERIFY_TOKENS tokens gives the logits of one-token steps bit for bit,
-        for this model on this machine: one verify of MAX_VERIFY_TOKENS against calls of the sizes of
-        `specdec.kernels.PROBE_CHUNKS` at the same positions (as the torch verifiers measure it; on first
-        use, on caches of its own, after 16 prompt tokens). mlx-cpu 0.32: yes in fp32, bf16 and 4-bit;
-        Metal's quantized kernels differ by row count (qmv / qmm)."""
+        for this model on this machine (`specdec.measure.verify_equals_steps`, as every verifier measures
+        it; here on first use, on caches of its own). mlx-cpu 0.32: yes in fp32, bf16 and 4-bit; Metal's
+        quantized kernels differ by row count (qmv / qmm)."""
         if self._invariant is None:
-            n = 16 + MAX_VERIFY_TOKENS
-            ids = mx.array([(37 * i + 11) % self.vocab_size for i in range(n)], dtype=mx.int32)[None]
-            a, b = self._make_cache(), self._make_cache()
-            self.model(ids[:, :16], cache=a)
-            self.model(ids[:, :16], cache=b)
-            whole = self.model(ids[:, 16:], cache=a)  # [1, MAX_VERIFY_TOKENS, V]
-            ends = accumulate(PROBE_CHUNKS, initial=16)  # 16, 17, ..., 16 + MAX_VERIFY_TOKENS
-            parts = [self.model(ids[:, i:j], cache=b) for i, j in pairwise(ends)]
-            self._invariant = bool(mx.array_equal(whole, mx.concatenate(parts, axis=1)).item())
+            self._invariant = verify_equals_steps(self)
         return self._invariant
 
     # ---- cache ---------------------------------------------------------------------------------------
 
-    def _recurrent_mixers(self) -> dict[int, _Recurrent]:
+    def _recurrent_mixers(self) -> dict[int, Recurrent]:
         """Layer index -> the stand-in of its Gated DeltaNet mixer (`linear_attn`), for the layers whose
         cache entry is an ArraysCache; empty when the model has none, or when its caches do not line up
         one to one with its layers (then `check_rollback` refuses it)."""
@@ -429,7 +255,7 @@ class MLXVerifier:
         for i, c in enumerate(cache):
             mixer = getattr(layers[start + i], "linear_attn", None)
             if type(c) is ArraysCache and isinstance(mixer, nn.Module):
-                out[i] = _Recurrent(mixer, [n for n in mixer if n.startswith("in_proj")])
+                out[i] = Recurrent(mixer, [n for n in mixer if n.startswith("in_proj")])
         return out
 
     def _make_cache(self) -> list[Any]:
@@ -481,7 +307,7 @@ class MLXVerifier:
                 raise RollbackError(
                     f"cannot roll back {n} positions exactly: the recurrent layers of {self.model_name} can "
                     f"undo the last {self._recorded} positions only (calls since the last rollback, each "
-                    f"of at most {MAX_RECORDED})"
+                    f"of at most {MAX_VERIFY_TOKENS})"
                 )
             for r in self._recurrent.values():
                 r.replay(self._recorded - n)
@@ -548,7 +374,7 @@ class MLXVerifier:
             mixers[i]["linear_attn"] = r
         for i in wrap:
             slot = i if i in self._layer_ids else None
-            layers[start + i] = _Tap(originals[i], store, slot, last_only and i == last)
+            layers[start + i] = Tap(originals[i], store, slot, last_only and i == last)
         try:
             yield
         finally:
@@ -569,8 +395,8 @@ class MLXVerifier:
         if p0 + T > self.max_context:
             raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {self.max_context}")
         store: dict[int, mx.array] = {}
-        record = bool(self._recurrent) and T <= MAX_RECORDED
-        cache = self._cache if tree is None else [_TreeCache(c, tree) for c in self._cache]
+        record = bool(self._recurrent) and T <= MAX_VERIFY_TOKENS
+        cache = self._cache if tree is None else [TreeCache(c, tree) for c in self._cache]
         # the ropes first: they are swapped inside the decoder layers, which `_tapped` then stands in for
         with self._tree_ropes(tree), self._tapped(store, last_only=last_only, record=record):
             logits = self.model(ids[None], cache=cache)  # [1, T|1, V]
@@ -587,7 +413,7 @@ class MLXVerifier:
 
     @contextmanager
     def _tree_ropes(self, tree: TreeAttention | None) -> Iterator[None]:
-        """With a tree, every attention layer's RoPE places each node at its own position (`_TreeRoPE`)."""
+        """With a tree, every attention layer's RoPE places each node at its own position (`TreeRoPE`)."""
         if tree is None:
             yield
             return
@@ -595,7 +421,7 @@ class MLXVerifier:
         attns = [layer["self_attn"] for layer in self._layer_list()[0]]
         ropes = [attn["rope"] for attn in attns]
         for attn, rope in zip(attns, ropes):
-            attn["rope"] = _TreeRoPE(rope, positions)
+            attn["rope"] = TreeRoPE(rope, positions)
         try:
             yield
         finally:
@@ -603,6 +429,18 @@ class MLXVerifier:
                 attn["rope"] = rope
 
     def check_tree(self) -> None:
+        why = self._tree_unsupported() or (
+            None
+            if self.tree_exact
+            else "a tree verify does not give its paths' logits bit for bit here (measured)"
+        )
+        if why:
+            raise ValueError(
+                f"{self.model_name} (mlx_lm {self.model_type!r}) cannot verify trees: {why}; use a chain"
+            )
+
+    def _tree_unsupported(self) -> str | None:
+        """Why this model's layers cannot verify a tree at all (None: they can; exactness is measured)."""
         why, layers = None, self._layer_list()[0]
         if self._recurrent:
             why = "its Gated DeltaNet layers would need a tree-aware recurrent state"
@@ -612,36 +450,38 @@ class MLXVerifier:
             why = "its decoder layers have no `self_attn.rope` to place the nodes by depth"
         elif any("sinks" in la["self_attn"] for la in layers):
             why = "its attention sinks are not in the tree attention"
-        elif not self.tree_exact:
-            why = "a tree verify does not give its paths' logits bit for bit here (measured)"
-        if why:
-            raise ValueError(
-                f"{self.model_name} (mlx_lm {self.model_type!r}) cannot verify trees: {why}; use a chain"
-            )
+        return why
 
     @property
     def tree_exact(self) -> bool:
         """Whether a tree verify gives every node bit for bit the logits of its path verified as a chain,
-        on this model here (measured on first use, on a cache of its own: `specdec.tree.probe_tree`, as
-        the HF verifier's `tree_exact`; a model whose masks do not come from its cache fails it too)."""
+        on this model here (`specdec.measure.trees_equal_chains`; on first use, on caches of its own; a
+        model whose masks do not come from its cache fails it too)."""
         if self._tree_exact is None:
-            prompt, tree = probe_tree(self.vocab_size)
-            cache = self._make_cache()
-            self.model(mx.array(prompt, dtype=mx.int32)[None], cache=cache)
-            want = []
-            for i in range(len(tree)):
-                path = tree.path(i)
-                toks = mx.array([tree.tokens[j] for j in path], dtype=mx.int32)[None]
-                want.append(self.model(toks, cache=cache)[0, -1])  # [V]
-                for c in cache:
-                    c.trim(len(path))
-            att = TreeAttention(tree, len(prompt), "cpu")
-            with self._tree_ropes(att):
-                got = self.model(
-                    mx.array(tree.tokens, dtype=mx.int32)[None], cache=[_TreeCache(c, att) for c in cache]
-                )
-            self._tree_exact = all(bool(mx.array_equal(got[0, i], w).item()) for i, w in enumerate(want))
+            self._tree_exact = self._tree_unsupported() is None and trees_equal_chains(self)
         return self._tree_exact
+
+    def probe_logits(self, calls: Sequence[ProbeCall]) -> list[torch.Tensor | None]:
+        """`specdec.measure`'s calls on caches of their own (this verifier's stay as they are): the model
+        itself, no taps, each call's logits as a zero-copy torch view."""
+        cache, pos, out = self._make_cache(), 0, []
+        for call in calls:
+            if isinstance(call, int):
+                for c in cache:
+                    c.trim(call)
+                pos -= call
+                out.append(None)
+                continue
+            ids = mx.array(list(call.tokens if isinstance(call, Tree) else call), dtype=mx.int32)[None]
+            if isinstance(call, Tree):
+                att = TreeAttention(call, pos, "cpu")
+                with self._tree_ropes(att):
+                    logits = self.model(ids, cache=[TreeCache(c, att) for c in cache])  # [1, N, V]
+            else:
+                logits = self.model(ids, cache=cache)  # [1, T, V]
+            pos += ids.shape[1]
+            out.append(to_torch(logits[0]))
+        return out
 
     def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
         self._drop_ahead()

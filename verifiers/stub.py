@@ -17,10 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.kernels import batch_invariant, invariant_attention, linear_fn, verify_equals_steps
+from specdec.kernels import TreeAttention, batch_invariant, invariant_attention, linear_fn
+from specdec.measure import probe_own_cache, trees_equal_chains, verify_equals_steps
 from specdec.memory import probe_for_module
-from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, SampleFn, check_layer_ids
-from specdec.tree import Tree, TreeAttention, tree_exact
+from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, ProbeCall, SampleFn, check_layer_ids
+from specdec.tree import Tree
 
 BOS, EOS, PAD = 256, 257, 258
 
@@ -134,7 +135,7 @@ class StubVerifier:
             self.invariant and batch_invariant(dtype, "cpu", shapes) and verify_equals_steps(self)
         )
         # tree verifies bit for bit equal to their paths as chains (see `HFVerifier.tree_exact`)
-        self.tree_exact = tree_exact(self, "cpu") if self.batch_invariant else True
+        self.tree_exact = trees_equal_chains(self) if self.batch_invariant else True
 
     @property
     def position(self) -> int:
@@ -199,6 +200,10 @@ class StubVerifier:
         self._captured = torch.cat([captured[i] for i in self._layer_ids], -1) if captured else None
         x = x[-1:] if last_only else x
         return self._linear(_rms_norm(x, self.model.norm, cfg.eps), self.model.head)  # [T, V]
+
+    def probe_logits(self, calls: Sequence[ProbeCall]) -> list[torch.Tensor | None]:
+        """`specdec.measure`'s calls on this verifier's own cache from empty (at load; leaves it reset)."""
+        return probe_own_cache(self, calls, "cpu")
 
     def prefill(self, tokens: Sequence[int], *, sample: SampleFn | None = None) -> int:
         logits = self.forward(tokens, last_only=True)  # [1, V]

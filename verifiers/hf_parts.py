@@ -1,0 +1,183 @@
+"""What the HF verifier puts into transformers: attention functions registered under its attention
+interface (copy-free grouped-query SDPA, the batch-invariant attention of bf16 / fp16 verifies, the tree
+verify's attention) and the cache layer that grows in place. `specdec.verifiers.hf` uses them."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from functools import cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specdec.kernels import TreeAttention, invariant_attention
+
+__all__ = ["TREE", "attend_invariant", "growing_layer", "sdpa_gqa", "set_attention"]
+
+
+#: the tree a `verify_tree` on this thread is running: our attention functions then attend by its mask
+TREE: ContextVar[TreeAttention | None] = ContextVar("specdec_tree", default=None)
+
+
+def sdpa_gqa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kw: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, except that a masked multi-token call lets torch broadcast the
+    shared K/V heads (`enable_gqa`) where transformers would `repeat_kv`, i.e. copy the whole cache
+    n_rep times in every layer of every verify. CPU only: there torch's SDPA kernel takes both."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (tree := TREE.get()) is not None:
+        return _attend_tree(module, query, key, value, tree, **kw)
+    plain = (
+        query.device.type != "cpu" or getattr(module, "num_key_value_groups", 1) == 1
+        or attention_mask is None or query.shape[2] == 1
+        or kw.get("dropout", 0.0) or kw.get("softcap") is not None or kw.get("position_bias") is not None
+    )  # fmt: skip
+    if plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, scale=kw.get("scaling"), enable_gqa=True
+    )  # [1, heads, T, D]
+    return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
+
+
+def attend_invariant(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kw: Any,
+) -> tuple[torch.Tensor, None]:
+    """`specdec.kernels.invariant_attention` under transformers' attention interface: the keys of the call
+    sit at absolute positions ending at the last query's (full layers from 0, sliding layers from where
+    their window starts), which is what the alignment needs.
+
+    No mask means what it means to transformers' SDPA attention: causal (aligned at the first key, as
+    torch's `is_causal`) for a call of several queries in a causal module, every key visible for one
+    query. transformers passes none for a causal call whose queries are all its keys (a prefill on an
+    empty cache, a training forward) and relies on `is_causal`; read as "every key visible", that prefill
+    let each position see the ones after it (SmolLM2-135M bf16: 2.6% of argmaxes right)."""
+    if (tree := TREE.get()) is not None:
+        return _attend_tree(module, query, key, value, tree, **kw)
+    pos = kw.get("position_ids")
+    T, S = query.shape[2], key.shape[2]
+    start = int(pos[0, -1]) - S + 1 if pos is not None else 0
+    mask = attention_mask
+    if mask is not None and mask.dtype != torch.bool:  # an additive float mask: 0 where visible
+        mask = mask == 0
+    causal = kw.get("is_causal")
+    if mask is None and T > 1 and (getattr(module, "is_causal", True) if causal is None else causal):
+        mask = torch.ones(T, S, dtype=torch.bool, device=query.device).tril()[None, None]  # [1, 1, T, S]
+    scale = kw.get("scaling") or query.shape[-1] ** -0.5
+    out = invariant_attention(
+        query, key, value, mask, scale=scale, key_start=start, softcap=kw.get("softcap")
+    )
+    return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
+
+
+def _attend_tree(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    tree: TreeAttention,
+    **kw: Any,
+) -> tuple[torch.Tensor, None]:
+    """A tree verify's attention: the last T keys are the tree's nodes, the ones before them the newest
+    cached positions; each node sees those (within the layer's sliding window) and its ancestors, in
+    place of transformers' causal mask, each row computed as its path verified as a chain computes it
+    (`TreeAttention.attend`: bit for bit where the verifier is batch-invariant)."""
+    window = kw.get("sliding_window") or getattr(module, "sliding_window", None)
+    out = tree.attend(
+        query, key, value, scale=kw.get("scaling") or query.shape[-1] ** -0.5, softcap=kw.get("softcap"),
+        window=window,
+    )  # fmt: skip
+    return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
+
+
+def set_attention(model: torch.nn.Module, name: str, fn: Any) -> bool:
+    """Switch a model that runs transformers' SDPA attention (or one of ours) to `fn`, registered as `name`
+    with the same masks; whether it was switched."""
+    if getattr(model.config, "_attn_implementation", None) not in (
+        "sdpa",
+        "specdec_sdpa",
+        "specdec_invariant",
+    ):
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    model.set_attn_implementation(name)
+    return True
+
+
+@cache
+def growing_layer() -> type:
+    """The `DynamicLayer` of our verifier's cache: its keys and values live in a buffer that grows by
+    doubling, so an append writes only the new positions and a crop only shortens the view. transformers'
+    own layer concatenates the whole cache on every append: at 400 cached positions that copy was ~2 ms of
+    a ~50 ms SmolLM2-135M step on a 2-core CPU (~0.7 ms in place). Attention reads the same values (a
+    strided view); the buffer holds up to twice the cached positions."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        exact_rollback = True  # for `check_rollback` (by attribute: a class made twice by racing threads)
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            super().lazy_initialization(key_states, value_states)
+            self._k = self._v = None  # [B, H, capacity, D] each, allocated by the first update
+            self._n = 0  # positions held
+
+        def _view(self) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys, self.values = self._k.narrow(-2, 0, self._n), self._v.narrow(-2, 0, self._n)
+            return self.keys, self.values
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n, T = self._n, key_states.shape[-2]
+            if self._k is None or n + T > self._k.shape[-2]:
+                cap = max(-(-(n + T) // 256) * 256, 2 * (0 if self._k is None else self._k.shape[-2]))
+                k = key_states.new_empty((*key_states.shape[:-2], cap, key_states.shape[-1]))
+                v = value_states.new_empty((*value_states.shape[:-2], cap, value_states.shape[-1]))
+                if n:
+                    k[..., :n, :], v[..., :n, :] = self._k[..., :n, :], self._v[..., :n, :]
+                self._k, self._v = k, v
+            self._k.narrow(-2, n, T).copy_(key_states)
+            self._v.narrow(-2, n, T).copy_(value_states)
+            self._n = n + T
+            return self._view()
+
+        def keep_last(self, T: int, rows: torch.Tensor) -> None:
+            """Of the last T positions keep `rows` [n], in that order (a tree verify's accepted path)."""
+            n0 = self._n - T
+            self._k[..., n0 : n0 + len(rows), :] = self._k[..., n0 + rows, :]  # indexing copies: no overlap
+            self._v[..., n0 : n0 + len(rows), :] = self._v[..., n0 + rows, :]
+            self._n = n0 + len(rows)
+            self._view()
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError(f"crop takes minus the positions to remove, got {tokens_to_remove}")
+            if tokens_to_remove and self.is_initialized and self._k is not None:
+                self._n = max(0, self._n + tokens_to_remove)
+                self._view()
+
+        def reset(self) -> None:
+            self._k = self._v = None
+            self._n = 0
+            super().reset()
+
+    return GrowingLayer
