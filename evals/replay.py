@@ -96,8 +96,8 @@ def record(
     `corpus` where given)."""
     prompt, output = list(prompt), list(output)
     P, N = len(prompt), len(output)
-    proposer = drafter.proposer
-    if proposer is None:
+    proposer = drafter
+    if drafter.embed_fn is None:
         raise RuntimeError(f"drafter {drafter.name!r} is not bound: call bind(verifier) first")
     verifier.set_target_layers(drafter.target_layer_ids)
     verifier.reset()

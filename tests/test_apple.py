@@ -149,10 +149,10 @@ def test_drafter_extend_and_blocks_stay_on_their_device():
     with StrictDevice():
         d.extend(torch.randn(20, 128).to("meta"), list(range(20)))  # features as the bridge hands them
         d.extend(torch.randn(3, 128).to("meta"), [1, 2, 3])
-        assert d.proposer.block_logits(5, 7).shape == (7, 100)
-        assert d.proposer.vocab_logits(5, 7).shape == (7, 259)
+        assert d.block_logits(5, 7).shape == (7, 100)
+        assert d.vocab_logits(5, 7).shape == (7, 259)
         d.rollback(2)
-        d.proposer.block_logits(9, 3)
+        d.block_logits(9, 3)
 
 
 @pytest.mark.parametrize("rule", ["match", "rejection"])

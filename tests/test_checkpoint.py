@@ -281,7 +281,7 @@ def test_rope_frequencies_are_transformers_own(scaling):
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from specdec.drafting.checkpoint import rope_frequencies
+    from specdec.drafting.rope import rope_frequencies
 
     raw = {**tiny_cfg().to_dict(), "rope_scaling": scaling}
     cfg = DFlashConfig.from_dict(raw)

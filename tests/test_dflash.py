@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.drafting.checkpoint import FULL, SLIDING, DFlashConfig
-from specdec.drafting.dflash import BlockProposal, DFlashDrafter, DFlashDraftModel, DFlashProposer
+from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
 from specdec.drafting.policy import DraftPolicy
 from specdec.engine import DecodeConfig, generate
 from specdec.protocols import Drafter
@@ -101,6 +101,18 @@ def slow_block_logits(model: DFlashDraftModel, features, last_token, embed_fn, l
 # ---- cached inference ------------------------------------------------------------------------------------
 
 
+def bound(model: DFlashDraftModel, embed_fn, head_fn, **kw) -> DFlashDrafter:
+    """A drafter over `model` bound to the embedding / head callbacks (no verifier)."""
+    d = DFlashDrafter(model, **kw)
+    d.bind_fns(embed_fn, head_fn)
+    return d
+
+
+def feed(d: DFlashDrafter, feats: torch.Tensor) -> None:
+    """`d.extend` with features only (DFlash does not read the tokens)."""
+    d.extend(feats, [0] * feats.shape[0])
+
+
 def run_steps(cfg: DFlashConfig, plan, *, capacity=8, total=40, propose_after=None):
     """Drive the proposer through `plan` (("extend", n) / ("rollback", n)) and compare a proposal after
     every step (or after the steps of index in `propose_after`) with the slow reference on the committed
@@ -108,11 +120,11 @@ def run_steps(cfg: DFlashConfig, plan, *, capacity=8, total=40, propose_after=No
     model = make_model(cfg)
     embed_fn, head_fn, _, _ = make_fns()
     feats = torch.randn(total, cfg.feature_dim)
-    prop = DFlashProposer(model, embed_fn, head_fn, capacity=capacity)
+    prop = bound(model, embed_fn, head_fn, capacity=capacity)
     n_ctx, checked = 0, 0
     for i, (op, n) in enumerate(plan):
         if op == "extend":
-            prop.extend(feats[n_ctx : n_ctx + n])
+            feed(prop, feats[n_ctx : n_ctx + n])
             n_ctx += n
         else:
             prop.rollback(n)
@@ -125,7 +137,7 @@ def run_steps(cfg: DFlashConfig, plan, *, capacity=8, total=40, propose_after=No
             want = slow_block_logits(model, feats[:n_ctx], last, embed_fn, head_fn)[1:]
         got = prop.block_logits(last, cfg.block_size - 1)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        assert prop.propose_block(last).tokens == want.argmax(-1).tolist()
+        assert prop.propose(last, cfg.block_size - 1) == want.argmax(-1).tolist()
         checked += 1
     return checked
 
@@ -166,8 +178,8 @@ def test_sliding_window_ignores_positions_outside_the_window():
     feats = torch.randn(30, cfg.feature_dim)
 
     def logits(f):
-        p = DFlashProposer(model, embed_fn, head_fn)
-        p.extend(f)
+        p = bound(model, embed_fn, head_fn)
+        feed(p, f)
         return p.block_logits(3, cfg.block_size - 1)
 
     base = logits(feats)
@@ -179,9 +191,9 @@ def test_sliding_window_ignores_positions_outside_the_window():
     assert not torch.allclose(logits(near), base)
     # the same model run as full attention does see the far positions
     full = make_model(make_cfg())
-    p1, p2 = DFlashProposer(full, embed_fn, head_fn), DFlashProposer(full, embed_fn, head_fn)
-    p1.extend(feats)
-    p2.extend(far)
+    p1, p2 = bound(full, embed_fn, head_fn), bound(full, embed_fn, head_fn)
+    feed(p1, feats)
+    feed(p2, far)
     assert not torch.allclose(p1.block_logits(3, 5), p2.block_logits(3, 5))
 
 
@@ -195,35 +207,34 @@ def test_mask_token_never_proposed():
     def head_fn(h):
         return h @ head.T + bias
 
-    prop = DFlashProposer(model, embed_fn, head_fn)
-    prop.extend(torch.randn(7, cfg.feature_dim))
+    prop = bound(model, embed_fn, head_fn)
+    feed(prop, torch.randn(7, cfg.feature_dim))
     with torch.no_grad():
         assert (head_fn(torch.randn(5, H)).argmax(-1) == MASK).all()
     for n in range(cfg.block_size):
-        toks = prop.propose_block(11, n).tokens
+        toks = prop.propose(11, n)
         assert len(toks) == n and MASK not in toks
 
 
-def test_proposal_record_and_limits():
+def test_proposal_limits():
     cfg = make_cfg()
     model = make_model(cfg)
     embed_fn, head_fn, _, _ = make_fns()
-    prop = DFlashProposer(model, embed_fn, head_fn, measure_memory=True)
-    prop.extend(torch.randn(4, cfg.feature_dim))
-    p = prop.propose_block(2)
-    assert isinstance(p, BlockProposal)
-    assert len(p.tokens) == cfg.block_size - 1 and p.diffusion_steps == 1 and p.forward_passes == 1
-    assert p.peak_activation_bytes is None  # CPU: no allocator peak, never a fake 0
-    assert p.peak_memory is not None and p.peak_memory["bytes"] != 0
+    prop = bound(model, embed_fn, head_fn)
+    feed(prop, torch.randn(4, cfg.feature_dim))
+    whole = prop.propose(2, cfg.block_size - 1)
+    assert len(whole) == cfg.block_size - 1
     # fewer tokens: the same full block, truncated
-    assert prop.propose_block(2, 3).tokens == p.tokens[:3]
-    assert prop.propose_block(2, 0).tokens == []
+    assert prop.propose(2, 3) == whole[:3]
+    assert prop.propose(2, 0) == []
     with pytest.raises(ValueError, match=r"0\.\.5"):
-        prop.propose_block(2, cfg.block_size)
+        prop.propose(2, cfg.block_size)
     with pytest.raises(ValueError, match="roll back 9"):
         prop.rollback(9)
     with pytest.raises(ValueError, match=r"\[n, 96\]"):
-        prop.extend(torch.randn(3, 10))
+        feed(prop, torch.randn(3, 10))
+    with pytest.raises(RuntimeError, match="not bound"):
+        DFlashDrafter(model).propose(2, 3)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -232,12 +243,12 @@ def test_low_precision_runs(dtype):
     model = make_model(cfg).to(dtype)
     emb = torch.randn(V, H, dtype=dtype)
     head = (torch.randn(V, H) / math.sqrt(H)).to(dtype)
-    prop = DFlashProposer(model, lambda ids: F.embedding(ids, emb), lambda h: h @ head.T)
-    prop.extend(torch.randn(20, cfg.feature_dim, dtype=dtype))
+    prop = bound(model, lambda ids: F.embedding(ids, emb), lambda h: h @ head.T)
+    feed(prop, torch.randn(20, cfg.feature_dim, dtype=dtype))
     logits = prop.block_logits(5, 5)
     assert logits.dtype == dtype and torch.isfinite(logits[:, :MASK]).all()
     assert model._inv_freq.dtype == torch.float32  # RoPE angles stay fp32 under .to(dtype)
-    toks = prop.propose_block(5).tokens
+    toks = prop.propose(5, cfg.block_size - 1)
     assert len(toks) == 5 and all(0 <= t < V and t != MASK for t in toks)
 
 
@@ -264,8 +275,8 @@ def test_training_forward_equals_cached_inference(kw):
     assert out.shape == (2, 5, cfg.block_size, V)
     for b in range(2):
         for i, a in enumerate(anchors[b].tolist()):
-            prop = DFlashProposer(model, embed_fn, head_fn)
-            prop.extend(feats[b, :a])
+            prop = bound(model, embed_fn, head_fn)
+            feed(prop, feats[b, :a])
             want = prop.block_logits(int(ids[b, a]), cfg.block_size - 1)
             got = out[b, i, 1:].clone()
             got[:, MASK] = float("-inf")

@@ -16,12 +16,12 @@ from collections import Counter
 
 import pytest
 import torch
-from test_dflash import PLAN, _ref_rope, make_fns, make_model
+from test_dflash import PLAN, _ref_rope, bound, feed, make_fns, make_model
 from test_sampling import PROMPT as SPROMPT
 from test_sampling import chi2_stat, chi2_threshold, exact_joint
 
 from specdec.drafting.checkpoint import DFlash2Config, DFlashConfig, check_checkpoint, load_config
-from specdec.drafting.dflash import DFlashDrafter, DFlashProposer
+from specdec.drafting.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.sampling import SamplingParams
 from specdec.verifiers.stub import StubConfig, StubVerifier
@@ -117,11 +117,11 @@ def test_cached_block_and_walk_match_the_slow_reference():
     model = make_model(make_cfg())
     embed_fn, head_fn, _, _ = make_fns()
     feats = torch.randn(40, model.cfg.feature_dim)
-    prop = DFlashProposer(model, embed_fn, head_fn, capacity=8)
+    prop = bound(model, embed_fn, head_fn, capacity=8)
     n_ctx, differs = 0, False
     for op, n in PLAN:
         if op == "extend":
-            prop.extend(feats[n_ctx : n_ctx + n])
+            feed(prop, feats[n_ctx : n_ctx + n])
         else:
             prop.rollback(n)
         n_ctx += n if op == "extend" else -n
@@ -130,8 +130,8 @@ def test_cached_block_and_walk_match_the_slow_reference():
         want = slow_logits(hidden, head_fn)
         torch.testing.assert_close(prop.block_logits(last, 5), want, rtol=1e-4, atol=1e-4)
         walk = slow_walk(model, hidden, want, last)
-        assert prop.propose_block(last).tokens == walk
-        assert prop.propose_block(last, 2).tokens == walk[:2]  # a shorter walk is the same walk's start
+        assert prop.propose(last, 5) == walk
+        assert prop.propose(last, 2) == walk[:2]  # a shorter walk is the same walk's start
         differs |= walk != want.argmax(-1).tolist()
     assert differs
 
@@ -142,8 +142,8 @@ def test_walk_chances_and_sampled_distribution():
     from its row of q, which sums to one over the candidates and is 0 elsewhere."""
     model = make_model(make_cfg())
     embed_fn, head_fn, _, _ = make_fns()
-    prop = DFlashProposer(model, embed_fn, head_fn)
-    prop.extend(torch.randn(12, model.cfg.feature_dim))
+    prop = bound(model, embed_fn, head_fn)
+    feed(prop, torch.randn(12, model.cfg.feature_dim))
     greedy = prop.walk(11, 5)
     best = greedy.candidates.gather(1, greedy.probs.argmax(-1, keepdim=True))[:, 0]  # [5]
     assert torch.equal(greedy.tokens, best)  # greedy takes each position's most likely candidate

@@ -105,7 +105,7 @@ def test_block_logits_match_the_torch_drafter(tmp_path, family, vocab, rope, d2)
     t.extend(v.features(30, device=torch.device("cpu"), dtype=torch.float32), prompt)
     m.extend(v.native_features(30), prompt)
     for step, (last, n, back) in enumerate([(7, 7, 0), (11, 3, 0), (4, 7, 2), (9, 5, 1), (13, 7, 0)]):
-        _close(t.proposer.block_logits(last, n), m.block_logits(last, n))
+        _close(t.block_logits(last, n), m.block_logits(last, n))
         assert t.propose(last, n) == m.propose(last, n), step
         if d2:  # DFlash2's sampled walk: the same draws from the same uniforms, the same q rows
             u = torch.rand(n, generator=torch.Generator().manual_seed(step))
@@ -157,7 +157,7 @@ def test_quantized_verifier_head(tmp_path):
         v.prefill(list(range(3, 33)))
         t.extend(v.features(30, device=torch.device("cpu"), dtype=torch.float32), list(range(3, 33)))
         m.extend(v.native_features(30), list(range(3, 33)))
-        _close(t.proposer.block_logits(5, 7), m.block_logits(5, 7))  # dequantized torch copy vs quantized MLX
+        _close(t.block_logits(5, 7), m.block_logits(5, 7))  # dequantized torch copy vs quantized MLX
     prompt = list(range(3, 40))
     cfg = DecodeConfig(max_new_tokens=24, block_size=8, stop_token_ids=frozenset())
     assert generate(v, prompt, drafter=m, cfg=cfg).output_tokens == greedy_reference(v, prompt, 24)

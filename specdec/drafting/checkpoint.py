@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from specdec.drafting.rope import rope_scaling
 from specdec.kernels import MAX_VERIFY_TOKENS
 
 #: the checkpoint formats this module reads (`formats.Format.kind`)
@@ -44,67 +45,6 @@ _REQUIRED = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
     "vocab_size", "num_target_layers",
 )  # fmt: skip
-
-
-#: RoPE types the drafters compute (`rope_frequencies`)
-ROPE_TYPES = ("default", "linear", "yarn")
-
-
-def _rope_scaling(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The scaling part of a config's `rope_scaling` / `rope_parameters`: None for plain RoPE; ValueError
-    for a type the drafters do not compute."""
-    kind = spec.get("rope_type", spec.get("type", "default"))
-    if kind not in ROPE_TYPES:
-        raise ValueError(
-            f"RoPE type {kind!r} is not supported by the DFlash drafters (only {list(ROPE_TYPES)})"
-        )
-    if kind == "default":
-        return None
-    if not isinstance(spec.get("factor"), (int, float)) or spec["factor"] <= 0:
-        raise ValueError(f"RoPE scaling {spec} needs a positive 'factor'")
-    if kind == "yarn" and not spec.get("original_max_position_embeddings"):
-        raise ValueError(f"YaRN RoPE scaling {spec} needs 'original_max_position_embeddings'")
-    return {
-        "rope_type": kind,
-        **{k: v for k, v in spec.items() if k not in ("rope_type", "type", "rope_theta")},
-    }
-
-
-def rope_frequencies(cfg: DFlashConfig) -> tuple[list[float], float]:
-    """The drafter's RoPE: inverse frequencies [D/2] and the factor cos / sin are scaled by, as
-    transformers computes them for `cfg.rope_scaling` (default, linear, YaRN with its ramp between
-    `beta_fast` and `beta_slow`, `truncate`, `mscale` / `mscale_all_dim` / `attention_factor`)."""
-    import math
-
-    D, base = cfg.head_dim, cfg.rope_theta
-    inv = [1.0 / base ** (i / D) for i in range(0, D, 2)]
-    sc = cfg.rope_scaling
-    if sc is None:
-        return inv, 1.0
-    factor = float(sc["factor"])
-    if sc["rope_type"] == "linear":
-        return [f / factor for f in inv], 1.0
-    orig = float(sc["original_max_position_embeddings"])
-
-    def dim_of(rotations: float) -> float:  # the dimension whose wavelength makes `rotations` turns
-        return D * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    lo, hi = dim_of(float(sc.get("beta_fast") or 32.0)), dim_of(float(sc.get("beta_slow") or 1.0))
-    if sc.get("truncate", True):
-        lo, hi = math.floor(lo), math.ceil(hi)
-    lo, hi = max(lo, 0), min(hi, D - 1)
-    hi = hi + 0.001 if lo == hi else hi
-    ramp = [min(max((i - lo) / (hi - lo), 0.0), 1.0) for i in range(D // 2)]
-    inv = [f / factor * r + f * (1 - r) for f, r in zip(inv, ramp)]  # interpolated where ramp is 1
-
-    def mscale(m: float) -> float:
-        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
-
-    attn = sc.get("attention_factor")
-    if attn is None:
-        m, m_all = sc.get("mscale"), sc.get("mscale_all_dim")
-        attn = mscale(m) / mscale(m_all) if m and m_all else mscale(1.0)
-    return inv, float(attn)
 
 
 def _dflash2_config(raw: dict[str, Any], dflash: dict[str, Any]) -> DFlash2Config:
@@ -357,7 +297,7 @@ class DFlashConfig:
             )
         dflash2 = _dflash2_config(raw, dflash) if arch is not None and ARCHITECTURE2 in arch else None
         rope = raw.get("rope_parameters") or {}
-        scaling = _rope_scaling(raw.get("rope_scaling") or rope)
+        scaling = rope_scaling(raw.get("rope_scaling") or rope)
         ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
         if ids is None and num_target_features is not None:
             ids = default_target_layer_ids(int(raw["num_target_layers"]), num_target_features)

@@ -36,9 +36,9 @@ from specdec.drafting.checkpoint import (
     check_target,
     load_config,
     require_file,
-    rope_frequencies,
 )
-from specdec.drafting.policy import Draft, DraftPolicy
+from specdec.drafting.policy import DraftPolicy
+from specdec.drafting.rope import rope_frequencies
 from specdec.memory import mlx_probe
 from specdec.protocols import MemoryProbe
 from specdec.tree import TREE_TOPK, Tree, TreeBudget, best_first_of
@@ -456,26 +456,24 @@ class MLXDFlashDrafter:
         return tokens.tolist(), q
 
     def propose(self, last_token: int, n: int) -> list[int]:
+        """Up to n greedy tokens after `last_token` (DFlash2: the selector's greedy walk), cut by the draft
+        policy with the block's own chances (`DraftPolicy.block_cut`, as the torch drafter cuts)."""
         if not 0 <= n < self.block_size:
             raise ValueError(f"can propose 0..{self.block_size - 1} tokens per block, asked for {n}")
         if n == 0:
             return []
+        cut = self.policy.needs_confidence("dflash")
         if self.d2 is not None:
-            tokens, probs, _ = self.walk(last_token, n)
-            if not self.policy.needs_confidence("dflash"):
-                return tokens.tolist()  # the one sync of a proposal
-            top = mx.max(probs, axis=-1)  # [n]: the walk's own chances
-            mx.eval(tokens, top)
-            return self.policy.cut(Draft(tokens.tolist(), "dflash", top.tolist())).tokens
-        logits = self.block_logits(last_token, n)  # [n, K]
-        best = mx.argmax(logits, axis=-1)
-        if self._rows is not None:
-            best = self._rows[best]  # [n] vocabulary ids
-        if not self.policy.needs_confidence("dflash"):
-            return best.tolist()  # the one sync of a proposal
-        top = mx.max(mx.softmax(logits, axis=-1), axis=-1)  # [n]: cut as the torch drafter is
-        mx.eval(best, top)  # the one sync of a proposal
-        return self.policy.cut(Draft(best.tolist(), "dflash", top.tolist())).tokens
+            best, probs, _ = self.walk(last_token, n)
+            top = mx.max(probs, axis=-1) if cut else None  # [n]: the walk's own chances
+        else:
+            logits = self.block_logits(last_token, n)  # [n, K]
+            best = mx.argmax(logits, axis=-1)
+            if self._rows is not None:
+                best = self._rows[best]  # [n] vocabulary ids
+            top = mx.max(mx.softmax(logits, axis=-1), axis=-1) if cut else None  # [n], as the torch drafter
+        mx.eval(best, *(() if top is None else (top,)))  # the one sync of a proposal
+        return self.policy.block_cut(best.tolist(), None if top is None else top.tolist())
 
     def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
         """A tree of the block's candidates, best first by path probability (`specdec.tree.best_first`)."""

@@ -130,6 +130,12 @@ class DraftPolicy:
             return [c**CORPUS_ACCEPT_POWER for c in draft.confidence]
         return list(draft.confidence)
 
+    def block_cut(self, tokens: list[int], chances: list[float] | None) -> list[int]:
+        """A block drafter's greedy tokens, cut by this policy with the block's running top-1 chances
+        (`chances`, computed only where `needs_confidence("dflash")`; None: the whole block). Both DFlash
+        runtimes (torch, MLX) decide here."""
+        return tokens if chances is None else self.cut(Draft(tokens, "dflash", chances)).tokens
+
     def cut(self, draft: Draft, calibration: Calibration | None = None) -> Draft:
         """`draft` cut where this policy ends it (chances scaled by `calibration` under costs)."""
         if self.costs is not None:
