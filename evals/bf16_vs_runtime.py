@@ -27,7 +27,7 @@ def compare(model: str, *, limit: int, max_new_tokens: int) -> dict[str, Any]:
 
     from specdec.api import load_drafter
     from specdec.chat import encode_prompt
-    from specdec.engine import DecodeConfig, generate
+    from specdec.engine import decode_config, generate
     from specdec.evals.datasets import load_dataset
     from specdec.models import resolve_model
     from specdec.verifiers.hf import HFVerifier
@@ -36,12 +36,12 @@ def compare(model: str, *, limit: int, max_new_tokens: int) -> dict[str, Any]:
     ours = {d: HFVerifier(path, dtype=d) for d in (torch.bfloat16, torch.float32)}
     theirs = {d: AutoModelForCausalLM.from_pretrained(path, dtype=d).eval() for d in ours}
     drafter = load_drafter(f"bundled:{model}", verifier=ours[torch.bfloat16], dtype="bfloat16")
-    ar_cfg = DecodeConfig(max_new_tokens=max_new_tokens, block_size=1)
+    ar_cfg = decode_config(None, max_new_tokens=max_new_tokens)
     rows, agree = [], {"ours_bf16": 0, "runtime_bf16": 0, "positions": 0}
     for rec in load_dataset("humaneval", limit):
         prompt = encode_prompt(ours[torch.bfloat16], rec.messages)
         ar = {d: generate(v, prompt, cfg=ar_cfg).output_tokens for d, v in ours.items()}
-        spec_cfg = DecodeConfig(max_new_tokens=max_new_tokens, block_size=drafter.block_size)
+        spec_cfg = decode_config(drafter, max_new_tokens=max_new_tokens)
         spec = generate(ours[torch.bfloat16], prompt, drafter=drafter, cfg=spec_cfg).output_tokens
         row: dict[str, Any] = {"id": rec.id, "bf16_spec_equals_our_ar": spec == ar[torch.bfloat16]}
         for d, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):

@@ -39,7 +39,7 @@ def _run(args: argparse.Namespace) -> int:
     from specdec.api import load_drafter, load_verifier, torch_dtype
     from specdec.chat import encode_prompt
     from specdec.costs import VerifyCosts
-    from specdec.engine import DecodeConfig, generate
+    from specdec.engine import decode_config, generate
     from specdec.evals.datasets import load_dataset
     from specdec.records import atomic_write_json, check_output_path, environment, summarize
 
@@ -54,19 +54,16 @@ def _run(args: argparse.Namespace) -> int:
         drafter = load_drafter(args.drafter, verifier=v, dtype=d, costs=costs, corpus=args.corpus)
         arms[d] = (v, drafter, [encode_prompt(v, r.messages) for r in records])
         for warm in (None, drafter):  # first calls pack weights and fill caches: not timed
-            generate(v, arms[d][2][0], drafter=warm, cfg=DecodeConfig(max_new_tokens=8, block_size=4))
+            generate(v, arms[d][2][0], drafter=warm, cfg=decode_config(warm, block_size=4, max_new_tokens=8))
         print(f"{d}: batch-invariant {v.batch_invariant}; {costs.summary()}", file=sys.stderr)
     runs = [(d, mode) for d in args.dtypes for mode in ("ar", "spec")]
     results: dict[tuple[str, str], list] = {run: [] for run in runs}
     for i in range(len(records)):
         for d, mode in runs[i % 4 :] + runs[: i % 4]:  # rotated per prompt
             v, drafter, prompts = arms[d]
-            cfg = DecodeConfig(
-                max_new_tokens=args.max_new_tokens, block_size=drafter.block_size if mode == "spec" else 1
-            )
-            results[d, mode].append(
-                generate(v, prompts[i], drafter=drafter if mode == "spec" else None, cfg=cfg)
-            )
+            d_run = drafter if mode == "spec" else None  # None: the autoregressive baseline
+            cfg = decode_config(d_run, max_new_tokens=args.max_new_tokens)
+            results[d, mode].append(generate(v, prompts[i], drafter=d_run, cfg=cfg))
         print(f"prompt {i + 1}/{len(records)}", file=sys.stderr)
     table = {}
     for d in args.dtypes:

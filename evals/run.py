@@ -388,8 +388,6 @@ def run_eval(
 ) -> dict[str, Any]:
     """Run baseline and spec on every record (interleaved), then peers (the runtime's own generate, and
     `peer_drafters` in our loop); return (and write) the result JSON."""
-    from specdec.records import run_config
-
     if cfg.drafting(drafter) is None:
         raise ValueError(
             f"an eval compares a drafter against the AR baseline: give a drafter and block_size >= 2 "
@@ -418,80 +416,124 @@ def run_eval(
         runners["chain"] = drafter_peer(verifier, drafter, replace(cfg, tree=None))
         peer_notes["chain"] = "our loop with the same drafter verifying chains instead of trees, interleaved"
 
-    warm_info: dict[str, Any] | None = None
-    if warmup:
-        ids = encode_prompt(verifier, WARMUP_MESSAGES)
-        n = min(WARMUP_MAX_NEW_TOKENS, cfg.max_new_tokens)
-        t0 = time.perf_counter()
-        generate(verifier, ids, cfg=replace(base_cfg, max_new_tokens=n), prompt_id="warmup")
-        generate(verifier, ids, drafter=drafter, cfg=replace(cfg, max_new_tokens=n), prompt_id="warmup")
-        if runners:
-            verifier.set_target_layers(())  # no capture hooks while the runtime's own generate runs
-            for run in runners.values():
-                run(ids)
-        warm_info = {"messages": WARMUP_MESSAGES, "max_new_tokens": n, "seconds": time.perf_counter() - t0}
-
+    warm_info = _warmup(verifier, drafter, cfg, base_cfg, runners) if warmup else None
     queue = [_Item(r, r.messages, 1) for r in records]
     n_total = len(queue) + (sum(1 for r in records if len(r.turns) > 1) if turns == 2 else 0)
     spec_res: list[PromptResult] = []
     base_res: list[PromptResult] = []
     peer_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
-    fmt = prompt_format(verifier.tokenizer)
     jsonl = JsonlWriter(out / "steps.jsonl") if out is not None else None
     bar = _bar(n_total, progress)
     try:
         i = 0
         while i < len(queue):
             item = queue[i]
-            ids = encode_prompt(verifier, item.messages)
-            spec_first = i % 2 == 1  # alternate which mode goes first
-            runs: dict[str, PromptResult] = {}
-            for mode in ("spec", "baseline") if spec_first else ("baseline", "spec"):
-                runs[mode] = generate(
-                    verifier, ids, drafter=drafter if mode == "spec" else None,
-                    cfg=cfg if mode == "spec" else base_cfg, prompt_id=item.id, jsonl=_Tagged(jsonl, mode),  # type: ignore[arg-type]
-                )  # fmt: skip
-            spec, base = runs["spec"], runs["baseline"]
-            base_tps = _tps(base)
-            peer_out: dict[str, Any] = {}
-            for name, run in runners.items():
-                verifier.set_target_layers(())  # no capture hooks in the runtime's own generate
-                rec = run(ids)
-                rec["match_baseline"] = rec["output_tokens"] == base.output_tokens
-                rec["speedup_vs_baseline"] = _ratio(rec["tokens_per_s"], base_tps)
-                peer_runs[name].append(rec)
-                peer_out[name] = {k: v for k, v in rec.items() if k != "output_tokens"}
-            common = {
-                "dataset": item.record.dataset, "source_id": item.record.id, "turn": item.turn,
-                "prompt_format": fmt, "order": "spec_first" if spec_first else "baseline_first",
-            }  # fmt: skip
-            base.extra = dict(common)
-            spec.extra = {
-                **common,
-                "match": spec.output_tokens == base.output_tokens,
-                "baseline_tokens_per_s": base_tps,
-                "speedup": _ratio(_tps(spec), base_tps),
-                **({"peers": peer_out} if peer_out else {}),
-            }
+            spec, base = _eval_prompt(
+                verifier, item, drafter=drafter, cfg=cfg, base_cfg=base_cfg, spec_first=i % 2 == 1,
+                runners=runners, peer_runs=peer_runs, jsonl=jsonl,
+            )  # fmt: skip
             spec_res.append(spec)
             base_res.append(base)
             if turns == 2 and item.turn == 1 and len(item.record.turns) > 1:
                 answer = _answer_text(verifier, base)
                 queue.insert(i + 1, _Item(item.record, second_turn_messages(item.record, answer), 2))
-            bar.update()
-            now = summarize(spec_res)
-            tau = now["acceptance_length_mean"]
-            sp = _ratio(now["tokens_per_s"], summarize(base_res, block_size=1)["tokens_per_s"])
-            n_match = sum(1 for r in spec_res if r.extra["match"])
-            bar.set_postfix(
-                tau=f"{tau:.2f}" if tau else "-", speedup=f"{sp:.2f}x" if sp else "-",
-                match=f"{n_match}/{len(spec_res)}",
-            )  # fmt: skip
+            _progress(bar, spec_res, base_res)
             i += 1
     finally:
         bar.close()
         if jsonl is not None:
             jsonl.close()
+    result = _eval_result(
+        verifier, drafter, cfg, spec_res, base_res, peer_runs, peer_notes, turns=turns, warm_info=warm_info,
+        config_extra=config_extra,
+    )  # fmt: skip
+    if out is not None:
+        assert jsonl is not None
+        atomic_write_json(out / "result.json", result, before_rename=jsonl.commit)
+        if report:
+            from specdec.evals.report import write_report
+
+            write_report(result, out)
+    return result
+
+
+def _warmup(
+    verifier: Verifier, drafter: Drafter, cfg: DecodeConfig, base_cfg: DecodeConfig, runners: dict[str, Any]
+) -> dict[str, Any]:
+    """One short prompt through every runner (the baseline, ours, the peers), so no first run pays for
+    loading kernels; what was run and how long it took."""
+    ids = encode_prompt(verifier, WARMUP_MESSAGES)
+    n = min(WARMUP_MAX_NEW_TOKENS, cfg.max_new_tokens)
+    t0 = time.perf_counter()
+    generate(verifier, ids, cfg=replace(base_cfg, max_new_tokens=n), prompt_id="warmup")
+    generate(verifier, ids, drafter=drafter, cfg=replace(cfg, max_new_tokens=n), prompt_id="warmup")
+    if runners:
+        verifier.set_target_layers(())  # no capture hooks while the runtime's own generate runs
+        for run in runners.values():
+            run(ids)
+    return {"messages": WARMUP_MESSAGES, "max_new_tokens": n, "seconds": time.perf_counter() - t0}
+
+
+def _eval_prompt(
+    verifier: Verifier, item: _Item, *, drafter: Drafter, cfg: DecodeConfig, base_cfg: DecodeConfig,
+    spec_first: bool, runners: dict[str, Any], peer_runs: dict[str, list[dict[str, Any]]],
+    jsonl: JsonlWriter | None,
+) -> tuple[PromptResult, PromptResult]:  # fmt: skip
+    """One prompt: the baseline and ours (in the order `spec_first` says), then every peer; (spec, base)
+    with their figures in `extra`; each peer's record appended to `peer_runs`."""
+    ids = encode_prompt(verifier, item.messages)
+    runs: dict[str, PromptResult] = {}
+    for mode in ("spec", "baseline") if spec_first else ("baseline", "spec"):
+        runs[mode] = generate(
+            verifier, ids, drafter=drafter if mode == "spec" else None,
+            cfg=cfg if mode == "spec" else base_cfg, prompt_id=item.id, jsonl=_Tagged(jsonl, mode),  # type: ignore[arg-type]
+        )  # fmt: skip
+    spec, base = runs["spec"], runs["baseline"]
+    base_tps = _tps(base)
+    peer_out: dict[str, Any] = {}
+    for name, run in runners.items():
+        verifier.set_target_layers(())  # no capture hooks in the runtime's own generate
+        rec = run(ids)
+        rec["match_baseline"] = rec["output_tokens"] == base.output_tokens
+        rec["speedup_vs_baseline"] = _ratio(rec["tokens_per_s"], base_tps)
+        peer_runs[name].append(rec)
+        peer_out[name] = {k: v for k, v in rec.items() if k != "output_tokens"}
+    common = {
+        "dataset": item.record.dataset, "source_id": item.record.id, "turn": item.turn,
+        "prompt_format": prompt_format(verifier.tokenizer),
+        "order": "spec_first" if spec_first else "baseline_first",
+    }  # fmt: skip
+    base.extra = dict(common)
+    spec.extra = {
+        **common,
+        "match": spec.output_tokens == base.output_tokens,
+        "baseline_tokens_per_s": base_tps,
+        "speedup": _ratio(_tps(spec), base_tps),
+        **({"peers": peer_out} if peer_out else {}),
+    }
+    return spec, base
+
+
+def _progress(bar: Any, spec_res: list[PromptResult], base_res: list[PromptResult]) -> None:
+    bar.update()
+    now = summarize(spec_res)
+    tau = now["acceptance_length_mean"]
+    sp = _ratio(now["tokens_per_s"], summarize(base_res, block_size=1)["tokens_per_s"])
+    n_match = sum(1 for r in spec_res if r.extra["match"])
+    bar.set_postfix(
+        tau=f"{tau:.2f}" if tau else "-",
+        speedup=f"{sp:.2f}x" if sp else "-",
+        match=f"{n_match}/{len(spec_res)}",
+    )
+
+
+def _eval_result(
+    verifier: Verifier, drafter: Drafter, cfg: DecodeConfig, spec_res: list[PromptResult],
+    base_res: list[PromptResult], peer_runs: dict[str, list[dict[str, Any]]], peer_notes: dict[str, str], *,
+    turns: int, warm_info: dict[str, Any] | None, config_extra: dict[str, Any] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The eval's result JSON: figures by dataset and overall, each peer's, the run's config."""
+    from specdec.records import run_config
 
     datasets = list(dict.fromkeys(r.extra["dataset"] for r in spec_res))
     by_ds = {d: [k for k, r in enumerate(spec_res) if r.extra["dataset"] == d] for d in datasets}
@@ -502,42 +544,38 @@ def run_eval(
         },
         "overall": figures(spec_res, base_res, cfg.block_size),
         "turns": turns,
-        "prompt_format": [fmt],
+        "prompt_format": [prompt_format(verifier.tokenizer)],
         "warmup": warm_info,
         "interleaving": "baseline first on even prompts, spec first on odd ones",
     }
     peers_block = {
         name: {
             "description": peer_notes[name],
-            "overall": peer_figures(peer_runs[name], base_res),
+            "overall": peer_figures(runs, base_res),
             "datasets": {
-                d: peer_figures([peer_runs[name][k] for k in ks], [base_res[k] for k in ks])
-                for d, ks in by_ds.items()
+                d: peer_figures([runs[k] for k in ks], [base_res[k] for k in ks]) for d, ks in by_ds.items()
             },
         }
-        for name in runners
+        for name, runs in peer_runs.items()
     }
-    skipped = {name: note for name, note in peer_notes.items() if name not in runners}
+    skipped = {name: note for name, note in peer_notes.items() if name not in peer_runs}
     extra_cfg = {
-        "eval": {"datasets": datasets, "turns": turns, "peers": sorted(runners), "n_prompts": len(spec_res)},
+        "eval": {
+            "datasets": datasets,
+            "turns": turns,
+            "peers": sorted(peer_runs),
+            "n_prompts": len(spec_res),
+        },
         **(config_extra or {}),
     }
-    device = str(drafter.device)  # an eval always has a drafter (cmd_eval refuses none)
     result = run_json(
         config=run_config(verifier, drafter, cfg, **extra_cfg),
         results=spec_res,
         baseline=base_res,
-        device=device,
+        device=str(drafter.device),  # an eval always has a drafter (cmd_eval refuses none)
         extra={"eval": eval_block, "peers": {**peers_block, **({"skipped": skipped} if skipped else {})}},
     )
     result["summary"]["match_rate"] = eval_block["overall"]["match_rate"]
-    if out is not None:
-        assert jsonl is not None
-        atomic_write_json(out / "result.json", result, before_rename=jsonl.commit)
-        if report:
-            from specdec.evals.report import write_report
-
-            write_report(result, out)
     return result
 
 

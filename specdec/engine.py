@@ -25,6 +25,7 @@ from specdec.lease import Run, hold
 from specdec.memory import unmeasured
 from specdec.protocols import (
     Drafter,
+    MemoryProbe,
     NativeFeatures,
     SampledProposals,
     SampledWalk,
@@ -212,6 +213,63 @@ def decode(
         yield from _decode(verifier, prompt, drafter=drafter, cfg=cfg, keep=keep, cancel=cancel)
 
 
+def _finish(
+    committed: list[int], n_out: int, stops: frozenset[int], max_new: int
+) -> tuple[list[int], str | None]:
+    """`committed` cut after a stop token or at `max_new` output tokens (`n_out` before it), and why."""
+    for i, t in enumerate(committed):
+        if t in stops:
+            return committed[: i + 1], "stop"
+        if n_out + i + 1 >= max_new:
+            return committed[: i + 1], "length"
+    return committed, None
+
+
+def _prefill(
+    verifier: Verifier, drafter: Drafter | None, prompt: Sequence[int], keep: int, sampler: Sampler | None,
+    probes: tuple[MemoryProbe, MemoryProbe | None], finish: Any, rule: str,
+) -> StepRecord:  # fmt: skip
+    """The prompt's rest in one call, its last logits giving the first token; the drafter takes the
+    prompt's features."""
+    clock, (vprobe, dprobe) = time.perf_counter, probes
+    t0 = clock()
+    vprobe.reset()
+    first = (lambda logits: [sampler.first(logits, len(prompt))]) if sampler else None
+    token = verifier.prefill(prompt[keep:], sample=first)
+    t1 = clock()
+    vmem = vprobe.read()
+    draft_s = bridge_s = 0.0
+    dmem = _NO_DRAFTER
+    if drafter:
+        feats = _features(verifier, drafter, len(prompt) - keep)  # [P-keep, K*H]
+        t2 = clock()
+        dprobe.reset()
+        drafter.extend(feats, prompt[keep:])
+        dmem = dprobe.read()
+        draft_s, bridge_s = clock() - t2, t2 - t1
+    out, reason = finish([token], 0)
+    step_s = clock() - t0
+    return StepRecord(
+        index=0, phase="prefill", drafted=0, accepted=0, acceptance_length=1, tokens=out,
+        draft_s=draft_s, verify_s=t1 - t0, bridge_s=bridge_s, other_s=step_s - draft_s - (t1 - t0) - bridge_s,
+        step_s=step_s, peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
+    )  # fmt: skip
+
+
+def _draft(
+    drafter: Drafter, sampler: Sampler | None, tree_budget: TreeBudget | None, token: int, k: int, pos: int,
+    room: int,
+) -> tuple[list[int], torch.Tensor | None, Tree | None]:  # fmt: skip
+    """This step's drafts after `token` (the first at absolute position `pos`): a chain of at most k, with q
+    [k, V] where sampled, or with `tree_budget` a tree of at most k levels (no more nodes than `room`)."""
+    if tree_budget is not None:  # its nodes sit in the cache until the path is kept: within the room left
+        tree = drafter.propose_tree(token, k, replace(tree_budget, nodes=min(tree_budget.nodes, room)))
+        return tree.tokens[1:], None, tree
+    draft, q = _propose(drafter, sampler, token, k, pos)
+    assert len(draft) <= k, f"drafter {drafter.name!r} proposed {len(draft)} > {k} tokens"
+    return draft, q, None
+
+
 # long: the loop is the engine; read top to bottom it shows every phase of a step and where its time goes
 def _decode(
     verifier: Verifier,
@@ -228,8 +286,7 @@ def _decode(
     sp = cfg.sampling if cfg.sampling is not None and not cfg.sampling.greedy else None
     sampler = Sampler(sp, limit) if sp else None
     rule = sp.rule if sp else "greedy"
-    vprobe = verifier.memory_probe()
-    dprobe = drafter.memory_probe() if drafter else None
+    vprobe, dprobe = verifier.memory_probe(), drafter.memory_probe() if drafter else None
     verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
     if keep == 0:
         verifier.reset()
@@ -237,59 +294,23 @@ def _decode(
             drafter.reset()
 
     def finish(committed: list[int], n_out: int) -> tuple[list[int], str | None]:
-        for i, t in enumerate(committed):
-            if t in stops:
-                return committed[: i + 1], "stop"
-            if n_out + i + 1 >= cfg.max_new_tokens:
-                return committed[: i + 1], "length"
-        return committed, None
+        return _finish(committed, n_out, stops, cfg.max_new_tokens)
 
-    # prefill: the whole prompt in one call; its last logits give the first token
-    t0 = clock()
-    vprobe.reset()
-    first = (lambda logits: [sampler.first(logits, len(prompt))]) if sampler else None
-    token = verifier.prefill(prompt[keep:], sample=first)
-    t1 = clock()
-    vmem = vprobe.read()
-    draft_s = bridge_s = 0.0
-    dmem = _NO_DRAFTER
-    out, reason = finish([token], 0)
-    if drafter:
-        feats = _features(verifier, drafter, len(prompt) - keep)  # [P-keep, K*H]
-        t2 = clock()
-        dprobe.reset()
-        drafter.extend(feats, prompt[keep:])
-        dmem = dprobe.read()
-        draft_s, bridge_s = clock() - t2, t2 - t1
-    step_s = clock() - t0
-    yield StepRecord(
-        index=0, phase="prefill", drafted=0, accepted=0, acceptance_length=1, tokens=out,
-        draft_s=draft_s, verify_s=t1 - t0, bridge_s=bridge_s, other_s=step_s - draft_s - (t1 - t0) - bridge_s,
-        step_s=step_s, peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
-    )  # fmt: skip
-
-    index, n_out = 0, len(out)
+    record = _prefill(verifier, drafter, prompt, keep, sampler, (vprobe, dprobe), finish, rule)
+    yield record
+    reason, token, index, n_out = record.finish_reason, record.tokens[-1], 0, len(record.tokens)
     while reason is None and not (cancel is not None and cancel.is_set()):
         index += 1
         room = limit - verifier.position  # >= 1: a step that filled the context finished the run
         # drafts past what max_new_tokens or the context can still take would be wasted work
         k = min(cfg.block_size - 1, cfg.max_new_tokens - n_out - 1, room - 1) if drafter else 0
         pos = verifier.position + 1  # absolute position of the first token this step decides
-        q = None  # the distribution [k, V] the drafts were drawn from, when they are sampled
-        tree = None  # with cfg.tree: the tree of drafts this step verifies
+        draft, q, tree, dmem = [], None, None, _NO_DRAFTER  # q [k, V]: what sampled drafts were drawn from
         t0 = clock()
         if k > 0:
             dprobe.reset()
-            if cfg.tree is not None:
-                # its nodes sit in the cache until the path is kept: no more than the context has room for
-                tree = drafter.propose_tree(token, k, replace(cfg.tree, nodes=min(cfg.tree.nodes, room)))
-                draft = tree.tokens[1:]
-            else:
-                draft, q = _propose(drafter, sampler, token, k, pos)
-                assert len(draft) <= k, f"drafter {drafter.name!r} proposed {len(draft)} > {k} tokens"
+            draft, q, tree = _draft(drafter, sampler, cfg.tree, token, k, pos, room)
             dmem = dprobe.read()
-        else:
-            draft, dmem = [], _NO_DRAFTER
         drafted = len(draft)
         t1 = clock()
         vprobe.reset()
