@@ -196,7 +196,9 @@ class RunSpec:
         if not (self.tree == "auto" or (isinstance(self.tree, int) and 2 <= self.tree <= MAX_VERIFY_TOKENS)):
             raise ValueError(f"--tree takes a node count 2..{MAX_VERIFY_TOKENS} or auto, got {self.tree!r}")
         if not plan.trees:
-            raise ValueError(f"--tree needs a DFlash drafter (optionally +lookup), not {self.drafter!r}")
+            raise ValueError(
+                f"--tree needs a DFlash or EAGLE-3 drafter (optionally +lookup), not {self.drafter!r}"
+            )
 
     def _cost_table(self, spec: DrafterSpec) -> dict[str, Any] | None:
         if not (self.auto_block or self.auto_cut or self.auto_tree):

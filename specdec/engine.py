@@ -136,7 +136,8 @@ def check_tree(verifier: Verifier, drafter: Drafter, sampling: SamplingParams | 
     """ValueError, before any work, where a tree cannot be drafted or verified exactly."""
     if not isinstance(drafter, TreeProposals):
         raise ValueError(
-            f"drafter {drafter.name!r} cannot propose trees: --tree needs a DFlash drafter (or one +lookup)"
+            f"drafter {drafter.name!r} cannot propose trees: --tree needs a DFlash or EAGLE-3 drafter (or "
+            "one +lookup)"
         )
     if not isinstance(verifier, TreeVerify):
         raise ValueError(f"the {verifier.runtime} verifier does not verify trees; use a chain")

@@ -30,6 +30,21 @@ def greedy_reference(
     return out
 
 
+def assert_turns_equal_fresh_runs(v: Verifier, drafter, prompt: Sequence[int], fresh) -> None:
+    """A streaming engine's turns (the first, a continued history, then an edited one the drafter and the
+    verifier roll back over) each equal `fresh(ids)`: a run of 12 tokens from nothing."""
+    from specdec.stream import StreamingEngine
+
+    engine = StreamingEngine(v, drafter)
+    r1 = engine.complete(list(prompt), max_tokens=12, stop_token_ids=frozenset())
+    continued = [*prompt, *r1.output_tokens, 7, 8]
+    assert engine.complete(continued, max_tokens=12, stop_token_ids=frozenset()).output_tokens == fresh(
+        continued
+    )
+    edited = [*prompt[:12], 9, 9, 9]
+    assert engine.complete(edited, max_tokens=12, stop_token_ids=frozenset()).output_tokens == fresh(edited)
+
+
 class ScriptedDrafter:
     """Proposes `reference` (prompt + continuation) except at positions in `wrong_at`, where it proposes
     a different token. With `wrong_at=()` it is an oracle (everything accepted)."""

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 
 import pytest
 import torch
 from test_dflash import PLAN, _ref_rope, bound, feed, make_fns, make_model
-from test_sampling import PROMPT as SPROMPT
 from test_sampling import chi2_stat, chi2_threshold, exact_joint
 
 from specdec.drafting.checkpoint import DFlash2Config, DFlashConfig, check_checkpoint, load_config
@@ -228,7 +226,7 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(monkeypatc
     """Chi-square of the first three tokens against the exact distribution (tests/test_sampling.py's
     harness), drafts sampled from the walk and verified by `rejection`. Negative control: a walk that
     reports its q rows shifted by one candidate must fail."""
-    from test_sampling import N_SAMPLES
+    from test_sampling import N_SAMPLES, sample_joint
     from test_sampling import V as SV
 
     small = dict(hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, max_context=64)
@@ -243,11 +241,7 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(monkeypatc
 
         monkeypatch.setattr(DFlashDrafter, "propose_walk", shifted)
     sp = SamplingParams(temperature=1.0, rule="rejection", proposal="sample")
-    counts: Counter = Counter()
-    for seed in range(N_SAMPLES):
-        cfg = DecodeConfig(max_new_tokens=3, block_size=4, stop_token_ids=frozenset(),
-                           sampling=SamplingParams(**{**sp.__dict__, "seed": seed}))  # fmt: skip
-        counts[tuple(generate(v, SPROMPT, drafter=drafter, cfg=cfg).output_tokens)] += 1
+    counts = sample_joint(v, sp, 4, drafter)
     stat, df = chi2_stat(counts, exact_joint(v, sp), N_SAMPLES)
     if broken:
         assert stat > chi2_threshold(df, 1e-3), (stat, df)

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from drafters import greedy_reference
+from drafters import assert_turns_equal_fresh_runs, greedy_reference
 
 from specdec.api import load_drafter
 from specdec.drafting.model import ModelDrafter, tokenizer_mismatch
@@ -194,16 +194,7 @@ def test_draft_models_on_real_runtimes(folders, rt, arch):
     res = run(v, same, sampling=sp)
     assert all(t == 5 for t in taus(res)[:-1]), taus(res)
     # multi-turn: a continued history, then an edited one (a rollback the draft cache may not reach)
-    engine = StreamingEngine(v, same)
-    r1 = engine.complete(PROMPT, max_tokens=12, stop_token_ids=frozenset())
-    ids2 = [*PROMPT, *r1.output_tokens, 7, 8]
-    assert engine.complete(ids2, max_tokens=12, stop_token_ids=frozenset()).output_tokens == (
-        run(v, prompt=ids2, n=12).output_tokens
-    )
-    edited = [*PROMPT[:12], 9, 9, 9]
-    assert engine.complete(edited, max_tokens=12, stop_token_ids=frozenset()).output_tokens == (
-        run(v, prompt=edited, n=12).output_tokens
-    )
+    assert_turns_equal_fresh_runs(v, same, PROMPT, lambda ids: run(v, prompt=ids, n=12).output_tokens)
     desc = same.describe()["draft_model"]
     assert desc["runtime"] == rt and desc["dtype"] == "float32"
     # its cache rolled back exactly every time except for the edited history (a rollback past the prefill)

@@ -248,13 +248,7 @@ def _dflash_folder(path: Path, **config: object) -> Path:
 _DROP = object()
 _LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 259}
 FORMATS = {
-    "speculators eagle3": ({"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
-                            "speculators_config": {"proposal_methods": []}},
-                           "an EAGLE-3 drafter (speculators format), which specdec does not read yet"),
-    "sglang eagle3": ({**_LLAMA, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32},
-                      "an EAGLE-3 drafter (SGLang format)"),
-    "yuhuili eagle3": ({**_LLAMA, "architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32},
-                       "an EAGLE-3 drafter (yuhuili format)"),
+    # EAGLE-3 folders (speculators, SGLang, yuhuili) are read now: tests/test_eagle3.py
     "speculators dflash": ({"speculators_model_type": "dflash", "speculators_config": {}},
                            "a DFlash drafter (speculators format), which specdec does not read yet"),
     "medusa": ({"medusa_num_heads": 4, "medusa_num_layers": 1}, "a Medusa drafter, which"),

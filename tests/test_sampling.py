@@ -111,8 +111,10 @@ def chi2_stat(counts: Counter, expected: dict[tuple[int, ...], float], n: int) -
     return stat, bins - 1
 
 
-def sample_joint(v: StubVerifier, sp: SamplingParams, block_size: int) -> Counter:
-    drafter = ModelDrafter() if block_size > 1 else None
+def sample_joint(v: StubVerifier, sp: SamplingParams, block_size: int, drafter=None) -> Counter:
+    """The first three tokens of N_SAMPLES seeded runs (drafter None: the test's own model drafter)."""
+    if drafter is None:
+        drafter = ModelDrafter() if block_size > 1 else None
     counts: Counter = Counter()
     for seed in range(N_SAMPLES):
         cfg = DecodeConfig(max_new_tokens=3, block_size=block_size, stop_token_ids=frozenset(),

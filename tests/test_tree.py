@@ -409,8 +409,8 @@ def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
         with pytest.raises(ValueError, match=match):
             generate(v, prompt, drafter=d, cfg=DecodeConfig(block_size=4, tree=tree, sampling=sp))
     for kw, match in (
-        ({"drafter": "prompt-lookup"}, "needs a DFlash drafter"),
-        ({"drafter": "model:smollm2-135m"}, "needs a DFlash drafter"),
+        ({"drafter": "prompt-lookup"}, "needs a DFlash or EAGLE-3 drafter"),
+        ({"drafter": "model:smollm2-135m"}, "needs a DFlash or EAGLE-3 drafter"),
         ({"tree": 1}, r"node count 2\.\.64"),
         ({"tree": 65}, r"node count 2\.\.64"),
     ):

@@ -26,7 +26,7 @@ from specdec.drafting.rope import rope_scaling
 from specdec.kernels import MAX_VERIFY_TOKENS
 
 #: the checkpoint formats this module reads (`formats.Format.kind`)
-DFLASH_FORMATS = frozenset({"dflash", "dflash2"})
+DFLASH_FORMATS = frozenset({("dflash", "public"), ("dflash2", "public")})  # (format kind, dialect)
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"

@@ -14,7 +14,9 @@ from specdec.drafting.kind import DrafterKind
 __all__ = ["DFLASH_KIND"]
 
 
-def _load(ckpt: Any, *, runtime: str, device: str | torch.device, dtype: torch.dtype, policy: Any) -> Any:
+def _load(
+    ckpt: Any, *, runtime: str, device: str | torch.device, dtype: torch.dtype, policy: Any, block_size: Any
+) -> Any:
     """The drafter of a `registry.Checkpoint` of this kind, from the config already read: the PyTorch one
     on `device`, or (`runtime` "mlx") the MLX one beside an MLX verifier."""
     if runtime == "mlx":
@@ -39,7 +41,12 @@ DFLASH_KIND = DrafterKind(
     needs="hidden states of the target layers it names, the verifier's embedding and LM head",
     runtimes=("torch", "mlx"),
     trees=True,
-    read=check_checkpoint,
+    read=lambda folder, raw, fmt: check_checkpoint(folder),
     fits=lambda cfg, target, name: check_target(cfg, target, name=name),
     load=_load,
-)
+    describe=lambda cfg: {
+        "architecture": cfg.architecture, "reads target layers": list(cfg.target_layer_ids),
+        "target": f"{cfg.num_target_layers} layers, hidden {cfg.hidden_size}, vocabulary {cfg.vocab_size}",
+        "block size": cfg.block_size, "draft layers": cfg.num_hidden_layers,
+    },
+)  # fmt: skip

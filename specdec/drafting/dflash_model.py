@@ -26,7 +26,7 @@ from specdec.drafting.dflash2 import CandidateSelector, DynamicConv
 from specdec.drafting.rope import rope_frequencies
 from specdec.protocols import EmbedFn, LMHeadFn
 
-__all__ = ["DFlashCache", "DFlashDraftModel"]
+__all__ = ["DFlashCache", "DFlashDraftModel", "RMSNorm", "apply_rope", "attend", "rope_cos_sin"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def _rope_cos_sin(
+def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [..., T, D] for positions [..., T] (angles in fp32, as HF Qwen3; both times `scale`,
@@ -59,14 +59,14 @@ def _rope_cos_sin(
     return (ang.cos() * scale).to(dtype), (ang.sin() * scale).to(dtype)
 
 
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE. x [B, nh, T, D]; cos/sin [B or 1, T, D]."""
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None] + rot * sin[:, None]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """GQA attention without repeating K/V. q [B, Hq, Tq, D]; k, v [B, Hkv, S, D]; mask [B or 1, Tq, S]
     bool (True = visible) or None. Returns [B, Hq, Tq, D].
 
@@ -103,7 +103,7 @@ class DFlashAttention(nn.Module):
         """x [B, T, H] -> q [B, nh, T, D]."""
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)
-        return _apply_rope(q, cos, sin)
+        return apply_rope(q, cos, sin)
 
     def key_value(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -112,7 +112,7 @@ class DFlashAttention(nn.Module):
         B, T, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        return _apply_rope(k, cos, sin), v
+        return apply_rope(k, cos, sin), v
 
 
 class DFlashMLP(nn.Module):
@@ -163,7 +163,7 @@ class DFlashDecoderLayer(nn.Module):
             h = self.attention_conv(h, dyn, 0, block)
         q = self.self_attn.query(h, cos, sin)  # [B, nh, Tq, D]
         keys, values = join(*self.self_attn.key_value(h, cos, sin))  # [B, nkv, S, D]
-        o = _attend(q, keys, values, mask).transpose(1, 2).reshape(B, Tq, -1)  # [B, Tq, nh*D]
+        o = attend(q, keys, values, mask).transpose(1, 2).reshape(B, Tq, -1)  # [B, Tq, nh*D]
         a = self.self_attn.o_proj(o)
         x = x + (self.attention_conv(a, dyn, 1, block) if conv else a)
         h = self.post_attention_layernorm(x)
@@ -268,7 +268,7 @@ class DFlashDraftModel(nn.Module):
         """cos, sin [..., T, D] in the model dtype for positions [..., T]."""
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
-        return _rope_cos_sin(positions, self._inv_freq, self.dtype, self._rope_scale)
+        return rope_cos_sin(positions, self._inv_freq, self.dtype, self._rope_scale)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [..., K*H] -> injected context hidden states [..., H]."""

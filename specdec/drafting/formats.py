@@ -54,10 +54,10 @@ class Format:
     model_type: str = ""
     architectures: tuple[str, ...] = ()
 
-    def readable(self, kinds: Collection[str]) -> bool:
-        """specdec reads it as a `--drafter` checkpoint folder, where it reads the format kinds `kinds` (in
-        their public dialect: `registry.READABLE`)."""
-        return self.kind in kinds and self.dialect == "public"
+    def readable(self, formats: Collection[tuple[str, str]]) -> bool:
+        """specdec reads it as a `--drafter` checkpoint folder, where it reads the (format kind, dialect)
+        pairs `formats` (`registry.READABLE`)."""
+        return (self.kind, self.dialect) in formats
 
     def describe(self) -> str:
         """e.g. "an EAGLE-3 drafter (speculators format)", "a causal LM (model_type 'llama')"."""
@@ -112,10 +112,10 @@ def identify(raw: Mapping[str, Any], files: Collection[str] = ()) -> Format:
 
 
 def refuse_as_drafter(
-    folder: str | Path, raw: Mapping[str, Any], *, name: str, readable: Collection[str]
+    folder: str | Path, raw: Mapping[str, Any], *, name: str, readable: Collection[tuple[str, str]]
 ) -> Format:
     """The format of the drafter checkpoint folder `folder` (config `raw`), or a one-line ValueError naming
-    what it holds where it is not one of the format kinds `readable`."""
+    what it holds where it is not one of the (format kind, dialect) pairs `readable`."""
     files = {p.name for p in Path(folder).iterdir()} if Path(folder).is_dir() else set()
     fmt = identify(raw, files)
     if fmt.readable(readable):
@@ -129,14 +129,14 @@ def refuse_as_drafter(
         raise ValueError(f"{where}, not a drafter checkpoint; {as_model}")
     if fmt.kind == "unknown":
         raise ValueError(
-            f"{where}; specdec reads DFlash / DFlash2 checkpoints (config.json with dflash_config) and draft "
-            "models (model:<folder>)"
+            f"{where}; specdec reads DFlash / DFlash2 checkpoints (config.json with dflash_config), EAGLE-3 "
+            "checkpoints (speculators, yuhuili's or SGLang's) and draft models (model:<folder>)"
         )
     raise ValueError(f"{where}, which specdec does not read yet")
 
 
 def refuse_as_model(
-    folder: str | Path, raw: Mapping[str, Any], *, readable: Collection[str] | None = None
+    folder: str | Path, raw: Mapping[str, Any], *, readable: Collection[tuple[str, str]] | None = None
 ) -> None:
     """A one-line ValueError where the model folder `folder` (config `raw`) holds a drafter, not a model;
     with `readable` (the format kinds specdec reads as drafters, `registry.READABLE`) it says which to do."""

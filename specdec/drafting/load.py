@@ -159,6 +159,13 @@ def _load_base(
             raise ValueError(
                 f"drafter {spec.text!r} ({kind.name}) runs in {list(kind.runtimes)}, not {runtime}"
             )
-        drafter = kind.load(ckpt, runtime=runtime, device=device, dtype=torch_dtype(dtype), policy=policy)
+        drafter = kind.load(
+            ckpt,
+            runtime=runtime,
+            device=device,
+            dtype=torch_dtype(dtype),
+            policy=policy,
+            block_size=block_size,
+        )
     drafter.bind(verifier)
     return drafter

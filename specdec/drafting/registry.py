@@ -18,6 +18,7 @@ from typing import Any
 
 from specdec.drafting import formats
 from specdec.drafting.dflash_kind import DFLASH_KIND
+from specdec.drafting.eagle3_kind import EAGLE3_KIND
 from specdec.drafting.formats import refuse_as_drafter
 from specdec.drafting.kind import DrafterKind
 from specdec.drafting.spec import DrafterSpec
@@ -27,6 +28,7 @@ __all__ = [
     "READABLE",
     "Checkpoint",
     "DrafterKind",
+    "inspect_checkpoint",
     "kind_for",
     "kinds_help",
     "read_checkpoint",
@@ -35,14 +37,14 @@ __all__ = [
 
 
 #: every kind specdec reads, in the order `specdec --help` lists them
-KINDS: tuple[DrafterKind, ...] = (DFLASH_KIND,)
-#: the checkpoint formats (`formats.Format.kind`, public dialect) some kind reads
+KINDS: tuple[DrafterKind, ...] = (DFLASH_KIND, EAGLE3_KIND)
+#: the checkpoint formats, (`formats.Format.kind`, dialect), some kind reads
 READABLE = frozenset().union(*(k.formats for k in KINDS))
 
 
-def kind_for(format_kind: str) -> DrafterKind | None:
-    """The kind that reads checkpoints of `formats.Format.kind` `format_kind`, or None."""
-    return next((k for k in KINDS if format_kind in k.formats), None)
+def kind_for(fmt: formats.Format) -> DrafterKind | None:
+    """The kind that reads checkpoints of format `fmt`, or None."""
+    return next((k for k in KINDS if (fmt.kind, fmt.dialect) in k.formats), None)
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,9 @@ def read_checkpoint(spec: str | DrafterSpec) -> Checkpoint:
     if raw is None:
         raise ValueError(f"drafter {spec.text!r}: {str(folder / 'config.json')!r} is not a JSON object")
     fmt = refuse_as_drafter(folder, raw, name=spec.text, readable=READABLE)  # others are named here
-    kind = kind_for(fmt.kind)
-    assert kind is not None, f"format {fmt.kind!r} is readable but no kind reads it"
-    return Checkpoint(spec, folder, kind, kind.read(folder))
+    kind = kind_for(fmt)
+    assert kind is not None, f"format {fmt} is readable but no kind reads it"
+    return Checkpoint(spec, folder, kind, kind.read(folder, raw, fmt))
 
 
 def refuse_as_model(folder: str | Path, raw: dict[str, Any]) -> None:
@@ -90,3 +92,35 @@ def refuse_as_model(folder: str | Path, raw: dict[str, Any]) -> None:
 def kinds_help() -> str:
     """The kinds, one line each, for `specdec --help`."""
     return "; ".join(f"{k.name}: {k.summary} ({', '.join(k.runtimes)})" for k in KINDS)
+
+
+def inspect_checkpoint(spec: str | DrafterSpec, target: Any = None) -> tuple[list[str], str | None]:
+    """What a drafter checkpoint folder is, before any weights load, as "name: value" lines: its format and
+    dialect; where specdec reads it, its kind's account (the target it was made for, the layers it reads,
+    ...) and, with `target` (`specdec.models.model_shape`), whether it fits that model. Also the one-line
+    reason it cannot be used (None: it can): another format (named), a broken checkpoint, a misfit."""
+    from specdec.models import read_config
+
+    spec = DrafterSpec.parse(spec).base
+    folder = spec.folder()
+    raw = read_config(folder) if (folder / "config.json").is_file() else None
+    if raw is None:
+        return [f"folder: {folder}"], f"{spec.text!r}: no readable config.json; not a checkpoint folder"
+    fmt = formats.identify(raw, {p.name for p in folder.iterdir()})
+    lines = [f"folder: {folder}", f"format: {fmt.describe()}"]
+    kind = kind_for(fmt) if fmt.readable(READABLE) else None
+    try:
+        if kind is None:
+            refuse_as_drafter(folder, raw, name=spec.text, readable=READABLE)
+        assert kind is not None
+        header = kind.read(folder, raw, fmt)
+        lines.append(f"reads it: specdec, as --drafter {spec.text} ({kind.name}; {', '.join(kind.runtimes)})")
+        lines += [f"{k}: {v}" for k, v in kind.describe(header).items()]
+        if target is not None:
+            kind.fits(header, target, spec.text)
+            lines.append(
+                f"fits {target.model_name}: yes ({target.num_layers} layers, hidden {target.hidden_size})"
+            )
+    except (ValueError, FileNotFoundError) as e:
+        return lines, str(e)
+    return lines, None

@@ -1,7 +1,7 @@
 """The DFlash drafters' rotary embedding as transformers computes it: the scaling part of a config's
 `rope_scaling` / `rope_parameters` (`rope_scaling`) and the inverse frequencies and attention factor of
-default, linear and YaRN RoPE for a drafter config (`rope_frequencies`: its `head_dim`, `rope_theta`,
-`rope_scaling`). Both drafter runtimes (torch, MLX) use it."""
+default, linear, YaRN and Llama-3 RoPE for a drafter config (`rope_frequencies`: its `head_dim`,
+`rope_theta`, `rope_scaling`). Both drafter runtimes (torch, MLX) and both drafter kinds use it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 __all__ = ["ROPE_TYPES", "rope_frequencies", "rope_scaling"]
 
 #: RoPE types the drafters compute (`rope_frequencies`)
-ROPE_TYPES = ("default", "linear", "yarn")
+ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 
 
 def rope_scaling(spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -18,15 +18,13 @@ def rope_scaling(spec: dict[str, Any]) -> dict[str, Any] | None:
     for a type the drafters do not compute."""
     kind = spec.get("rope_type", spec.get("type", "default"))
     if kind not in ROPE_TYPES:
-        raise ValueError(
-            f"RoPE type {kind!r} is not supported by the DFlash drafters (only {list(ROPE_TYPES)})"
-        )
+        raise ValueError(f"RoPE type {kind!r} is not supported by the drafters (only {list(ROPE_TYPES)})")
     if kind == "default":
         return None
     if not isinstance(spec.get("factor"), (int, float)) or spec["factor"] <= 0:
         raise ValueError(f"RoPE scaling {spec} needs a positive 'factor'")
-    if kind == "yarn" and not spec.get("original_max_position_embeddings"):
-        raise ValueError(f"YaRN RoPE scaling {spec} needs 'original_max_position_embeddings'")
+    if kind in ("yarn", "llama3") and not spec.get("original_max_position_embeddings"):
+        raise ValueError(f"{kind} RoPE scaling {spec} needs 'original_max_position_embeddings'")
     return {
         "rope_type": kind,
         **{k: v for k, v in spec.items() if k not in ("rope_type", "type", "rope_theta")},
@@ -48,6 +46,8 @@ def rope_frequencies(cfg: Any) -> tuple[list[float], float]:
     if sc["rope_type"] == "linear":
         return [f / factor for f in inv], 1.0
     orig = float(sc["original_max_position_embeddings"])
+    if sc["rope_type"] == "llama3":
+        return _llama3(inv, factor, orig, sc), 1.0
 
     def dim_of(rotations: float) -> float:  # the dimension whose wavelength makes `rotations` turns
         return D * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -68,3 +68,22 @@ def rope_frequencies(cfg: Any) -> tuple[list[float], float]:
         m, m_all = sc.get("mscale"), sc.get("mscale_all_dim")
         attn = mscale(m) / mscale(m_all) if m and m_all else mscale(1.0)
     return inv, float(attn)
+
+
+def _llama3(inv: list[float], factor: float, orig: float, sc: dict[str, Any]) -> list[float]:
+    """Llama 3.1's RoPE: wavelengths under orig / high_freq_factor kept, over orig / low_freq_factor divided
+    by `factor`, smoothly between (as transformers' `_compute_llama3_parameters`)."""
+    import math
+
+    low, high = float(sc.get("low_freq_factor", 1.0)), float(sc.get("high_freq_factor", 4.0))
+    out = []
+    for f in inv:
+        wavelen = 2 * math.pi / f
+        if wavelen < orig / high:
+            out.append(f)
+        elif wavelen > orig / low:
+            out.append(f / factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return out
