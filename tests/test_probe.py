@@ -248,9 +248,10 @@ def _dflash_folder(path: Path, **config: object) -> Path:
 _DROP = object()
 _LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 259}
 FORMATS = {
-    # EAGLE-3 folders (speculators, SGLang, yuhuili) are read now: tests/test_eagle3.py
-    "speculators dflash": ({"speculators_model_type": "dflash", "speculators_config": {}},
-                           "a DFlash drafter (speculators format), which specdec does not read yet"),
+    # EAGLE-3 folders (speculators, SGLang, yuhuili) and speculators' DFlash are read now: test_eagle3.py,
+    # test_speculators.py
+    "speculators dspark": ({"speculators_model_type": "dspark", "speculators_config": {}},
+                           "a DSpark drafter (speculators format), which specdec does not read yet"),
     "medusa": ({"medusa_num_heads": 4, "medusa_num_layers": 1}, "a Medusa drafter, which"),
     "gemma4 assistant": ({"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantModel"]},
                          "a Gemma-4 assistant drafter, which"),

@@ -53,7 +53,8 @@ def test_every_readable_format_has_exactly_one_kind():
     assert {("dflash", "public"), ("dflash2", "public"), ("eagle3", "speculators")} <= READABLE
     for pair in READABLE:
         assert sum(pair in k.formats for k in KINDS) == 1 and kind_for(Format(*pair)) is not None
-    assert kind_for(Format("dflash", "speculators")) is None and kind_for(Format("medusa", "")) is None
+    assert kind_for(Format("dflash", "speculators")).name == "dflash"
+    assert kind_for(Format("dspark", "speculators")) is None and kind_for(Format("medusa", "")) is None
     assert len({k.name for k in KINDS}) == len(KINDS)
 
 

@@ -26,7 +26,8 @@ from specdec.drafting.rope import rope_scaling
 from specdec.kernels import MAX_VERIFY_TOKENS
 
 #: the checkpoint formats this module reads (`formats.Format.kind`)
-DFLASH_FORMATS = frozenset({("dflash", "public"), ("dflash2", "public")})  # (format kind, dialect)
+#: (format kind, dialect): the public format, and DFlash in the speculators container (`speculators.py`)
+DFLASH_FORMATS = frozenset({("dflash", "public"), ("dflash2", "public"), ("dflash", "speculators")})
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
@@ -170,6 +171,10 @@ class DFlashConfig:
     # so model.safetensors stays exactly the public format.
     draft_vocab: tuple[int, ...] | None = None
     dflash2: DFlash2Config | None = None  # None: a DFlash drafter
+    # a speculators checkpoint (`speculators.py`): its own LM head over the draft vocabulary; the target's
+    # depth unrecorded (num_target_layers is then only the deepest layer read + 1, not compared)
+    own_lm_head: bool = False
+    dialect: str = "public"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # unused config.json keys, kept
 
     def __post_init__(self) -> None:
@@ -405,6 +410,8 @@ def public_param_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.o_proj.bias": (H,),
             })  # fmt: skip
     shapes.update({"fc.weight": (H, cfg.feature_dim), "hidden_norm.weight": (H,), "norm.weight": (H,)})
+    if cfg.own_lm_head:
+        shapes["lm_head.weight"] = (len(cfg.draft_vocab or ()) or cfg.vocab_size, H)
     d2 = cfg.dflash2
     if d2 is not None:
         taps, dyn = d2.conv_kernel_size, 2 * d2.conv_kernel_size * (H // d2.conv_group_size)
@@ -502,8 +509,17 @@ def load_state_dict(path: str | Path, cfg: DFlashConfig | None = None) -> dict[s
         state = load_file(str(weights))
     except Exception as e:  # safetensors' SafetensorError: truncated or not a safetensors file
         raise ValueError(f"cannot read {str(weights)!r} (truncated or not safetensors): {e}") from None
+    state = usable_weights(cfg, state)
     check_state_dict(cfg, state, source=str(weights))
     return state
+
+
+def usable_weights(cfg: DFlashConfig, state: Mapping[str, Any]) -> dict[str, Any]:
+    """`state` without what a speculators checkpoint keeps for training (`d2t`, `t2d`, `verifier_*`)."""
+    if cfg.dialect != "speculators":
+        return dict(state)
+    drop = ("verifier_", "t2d", "d2t", "embed_tokens.")
+    return {k: v for k, v in state.items() if not k.startswith(drop)}
 
 
 def check_target(cfg: DFlashConfig, target: Any, *, name: str) -> None:
@@ -518,7 +534,7 @@ def check_target(cfg: DFlashConfig, target: Any, *, name: str) -> None:
     check_compatible(
         target, SimpleNamespace(name=name, target_layer_ids=ids, feature_dim=fdim, vocab_size=cfg.vocab_size)
     )
-    if cfg.num_target_layers != target.num_layers:
+    if cfg.dialect == "public" and cfg.num_target_layers != target.num_layers:
         raise ValueError(
             f"drafter {name!r} was built for a target with {cfg.num_target_layers} layers, the verifier "
             f"{target.model_name!r} has {target.num_layers}: the drafter was built for another model"

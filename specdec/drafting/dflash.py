@@ -117,7 +117,12 @@ class DFlashDrafter:
     def bind(self, verifier: Verifier) -> None:
         check_target(self.cfg, verifier, name=self.name)
         embed = verifier.embed_fn(device=self.device, dtype=self.dtype)
-        head = verifier.lm_head_fn(device=self.device, dtype=self.dtype, rows=self.rows)  # [..., K] (or V)
+        if self.cfg.own_lm_head:  # a speculators checkpoint's own head: [..., K]
+            head = self.model.lm_head
+        else:
+            head = verifier.lm_head_fn(
+                device=self.device, dtype=self.dtype, rows=self.rows
+            )  # [..., K] (or V)
         self.bind_fns(embed, head, over_draft_vocab=True)
 
     def bind_fns(self, embed_fn: EmbedFn, lm_head_fn: LMHeadFn, *, over_draft_vocab: bool = False) -> None:

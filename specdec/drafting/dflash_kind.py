@@ -10,6 +10,7 @@ import torch
 
 from specdec.drafting.checkpoint import DFLASH_FORMATS, check_checkpoint, check_target
 from specdec.drafting.kind import DrafterKind
+from specdec.drafting.speculators import read_speculators_dflash
 
 __all__ = ["DFLASH_KIND"]
 
@@ -36,12 +37,14 @@ def _load(
 
 DFLASH_KIND = DrafterKind(
     name="dflash",
-    summary="DFlash and DFlash2 block drafters, public format (z-lab, vLLM / SGLang)",
+    summary="DFlash and DFlash2 block drafters, public format (z-lab, vLLM / SGLang) and speculators'",
     formats=DFLASH_FORMATS,
     needs="hidden states of the target layers it names, the verifier's embedding and LM head",
     runtimes=("torch", "mlx"),
     trees=True,
-    read=lambda folder, raw, fmt: check_checkpoint(folder),
+    read=lambda folder, raw, fmt: (
+        read_speculators_dflash(folder, raw) if fmt.dialect == "speculators" else check_checkpoint(folder)
+    ),
     fits=lambda cfg, target, name: check_target(cfg, target, name=name),
     load=_load,
     describe=lambda cfg: {

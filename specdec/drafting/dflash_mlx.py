@@ -36,6 +36,7 @@ from specdec.drafting.checkpoint import (
     check_target,
     load_config,
     require_file,
+    usable_weights,
 )
 from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
@@ -179,6 +180,10 @@ class MLXDFlashModel(nn.Module):
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         if cfg.dflash2 is not None:
             self.candidate_selector = _Selector(cfg)
+        if cfg.own_lm_head:  # a speculators checkpoint's head over its draft vocabulary
+            self.lm_head = nn.Linear(
+                cfg.hidden_size, len(cfg.draft_vocab or ()) or cfg.vocab_size, bias=False
+            )
         self._wavelengths: mx.array | None = None  # [D/2], for mx.fast.rope's `freqs`; None: plain RoPE
         self._rope_scale = 1.0
         if cfg.rope_scaling is not None:
@@ -357,6 +362,7 @@ class MLXDFlashDrafter:
             weights = mx.load(str(file))
         except (RuntimeError, ValueError) as e:  # a truncated file: "invalid data offsets", ...
             raise ValueError(f"cannot read {str(file)!r} (truncated or not safetensors): {e}") from None
+        weights = usable_weights(cfg, weights)
         check_state_dict(cfg, weights, source=str(file))  # names and shapes, as the torch drafter checks
         model = MLXDFlashModel(cfg)
         model.load_weights([(k, v.astype(MLX_DTYPES[dtype])) for k, v in weights.items()], strict=True)
@@ -391,7 +397,7 @@ class MLXDFlashDrafter:
             if scale is None
             else (lambda ids: inner.embed_tokens(ids) * scale)
         )
-        self._head = _head_fn(model, self._rows)
+        self._head = self.model.lm_head if self.cfg.own_lm_head else _head_fn(model, self._rows)
         self.reset()
 
     def _need(self) -> _Cache:

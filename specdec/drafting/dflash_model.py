@@ -255,6 +255,10 @@ class DFlashDraftModel(nn.Module):
         vocab = None if cfg.draft_vocab is None else torch.tensor(cfg.draft_vocab, device="cpu")
         self.register_buffer("draft_vocab", vocab, persistent=False)
         self.candidate_selector = None if cfg.dflash2 is None else CandidateSelector(cfg)  # DFlash2
+        if cfg.own_lm_head:  # a speculators checkpoint's head over its draft vocabulary
+            self.lm_head = nn.Linear(
+                cfg.hidden_size, len(cfg.draft_vocab or ()) or cfg.vocab_size, bias=False
+            )
 
     @property
     def device(self) -> torch.device:
