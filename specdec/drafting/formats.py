@@ -125,7 +125,9 @@ def refuse_as_drafter(
     as_model = f"to draft with it token by token, pass --drafter model:{folder}"
     if fmt.kind == "model-with-mtp":
         raise ValueError(f"{where}, not a drafter checkpoint: its MTP layers are not read yet; {as_model}")
-    if fmt.kind in ("causal-lm", "pard"):
+    if fmt.kind == "pard":
+        raise ValueError(f"{where}; to draft with it (a block per forward), pass --drafter model:{folder}")
+    if fmt.kind == "causal-lm":
         raise ValueError(f"{where}, not a drafter checkpoint; {as_model}")
     if fmt.kind == "unknown":
         raise ValueError(

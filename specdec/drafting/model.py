@@ -12,6 +12,12 @@ Chances, where a cut reads them (`DraftPolicy`, source "model"), are the draft m
 probabilities, and a `min_confidence` cut stops drafting at once (each token costs a forward here). At
 T > 0 with `--proposal sample` the draft is a walk sampled from the draft model's own distribution at the
 request's temperature (`SampledWalk`), with q for the `rejection` rule.
+
+A PARD model (AMD's parallel draft models: a causal LM trained to predict the tokens after its input and
+after each of K - 1 appended mask tokens, its config naming the mask as `pard_token`) drafts all K in one
+forward instead (`mask_token_id`): [pending, last, MASK x (K-1)] goes through the draft model once, the
+logits of its last K positions are the drafts' (each independent of the drafts before it, so at T > 0
+they are sampled as rows, `SampledProposals`), and the masks leave the draft cache at once.
 """
 
 from __future__ import annotations
@@ -27,7 +33,10 @@ from specdec.engine import common_prefix_len
 from specdec.protocols import MemoryProbe, RollbackError, Verifier
 from specdec.sampling import sample_from
 
-__all__ = ["MODEL_BLOCK_SIZE", "ModelDrafter", "check_draft_model", "load_draft_model", "tokenizer_mismatch"]
+__all__ = [
+    "MODEL_BLOCK_SIZE", "ModelDrafter", "check_draft_model", "load_draft_model", "pard_mask_token",
+    "tokenizer_mismatch",
+]  # fmt: skip
 
 #: the block a draft model drafts in unless --block-size says otherwise: up to 4 tokens a step (each costs a
 #: forward of the draft model, so its blocks are short; mlx-lm's default is 2, HF assisted generation's 20
@@ -81,7 +90,9 @@ class ModelDrafter:
         policy: DraftPolicy | None = None,
         name: str | None = None,
         path: str | None = None,
+        mask_token_id: int | None = None,
     ) -> None:
+        """`mask_token_id`: a PARD model's mask token: draft a block in one forward (module docstring)."""
         if block_size < 2:
             raise ValueError(f"a draft model's block size must be >= 2, got {block_size}")
         try:
@@ -96,6 +107,8 @@ class ModelDrafter:
         self.device, self.dtype = torch.device("cpu"), torch.float32  # of the (empty) features it takes
         self._vocab = draft.vocab_size  # ids it may propose: set to the shared range at bind
         self.restarts = 0  # times the draft cache could not roll back exactly and was prefilled again
+        self.mask_token_id = mask_token_id
+        self.walks = mask_token_id is None  # `SampledWalk`: each AR draft depends on the one before it
         self.reset()
 
     def describe(self) -> dict[str, Any]:
@@ -105,6 +118,7 @@ class ModelDrafter:
             "draft_model": {
                 "model": self.draft.model_name, "runtime": self.draft.runtime, "dtype": self.draft.dtype,
                 "vocab_size": self.draft.vocab_size, "restarts": self.restarts,
+                "parallel_mask_token_id": self.mask_token_id,
             },
             **self.policy.describe(),
         }  # fmt: skip
@@ -181,7 +195,46 @@ class ModelDrafter:
                 break
         return out
 
+    def _parallel_logits(self, last_token: int, n: int) -> torch.Tensor:
+        """PARD: logits [n, V'] of the n drafts after `last_token`, one forward of [last, MASK x (n-1)]
+        after what the draft cache lacks; the masks are rolled back before it returns."""
+        rows: list[torch.Tensor] = []
+
+        def keep(logits: torch.Tensor) -> list[int]:  # [T, V]: every row's logits are wanted
+            rows.append(logits[-n:, : self._vocab].float().cpu())
+            return [0] * logits.shape[0]
+
+        rest = self._tokens[self._agreed :]
+        if len(self._held) > self._agreed:  # drafts of an earlier step still held: not committed
+            self._drop(len(self._held) - self._agreed)
+        if rest:
+            self._held += rest
+            self.draft.prefill(rest)
+        self._held.append(last_token)
+        self.draft.verify([last_token, *[self.mask_token_id] * (n - 1)], sample=keep)
+        try:
+            self.draft.rollback(n - 1)  # the masks: never context (0 too: a window lets go of its undo)
+        except RollbackError:
+            self.draft.reset()
+            self._held, self._agreed = [], 0
+            self.restarts += 1
+        return rows[0]
+
+    def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
+        """Logits [n, V] of the verifier's vocabulary (ids the draft model lacks at -inf): PARD's rows for
+        sampled proposals at T > 0 (`SampledProposals`)."""
+        logits = self._parallel_logits(last_token, n) if n else torch.zeros(0, self._vocab)
+        full = logits.new_full((n, self._target_vocab), float("-inf"))
+        full[:, : self._vocab] = logits
+        return full
+
     def propose(self, last_token: int, n: int) -> list[int]:
+        if self.mask_token_id is not None:
+            if n == 0:
+                return []
+            probs = self._parallel_logits(last_token, n).softmax(-1)  # [n, V']
+            top, tokens = probs.max(-1)
+            return self.policy.cut(Draft(tokens.tolist(), "model", top.tolist())).tokens
         if not self.policy.needs_confidence("model"):
             return self._walk(last_token, n, None)
         chances: list[float] = []
@@ -199,10 +252,6 @@ class ModelDrafter:
 
         tokens = self._walk(last_token, n, pick, stop)
         return self.policy.cut(Draft(tokens, "model", chances[: len(tokens)])).tokens
-
-    @property
-    def walks(self) -> bool:
-        return True  # each draft token depends on the one drawn before it
 
     def propose_walk(
         self, last_token: int, n: int, *, temperature: float, u: torch.Tensor
@@ -224,6 +273,21 @@ class ModelDrafter:
 
     def memory_probe(self) -> MemoryProbe:
         return self.draft.memory_probe()
+
+
+def pard_mask_token(folder: Path) -> int | None:
+    """The mask token of a PARD model folder (`pard_token`, or `ptd_token_id` in older configs); None for
+    any other model."""
+    from specdec.drafting.formats import identify
+    from specdec.models import read_config
+
+    raw = read_config(folder) if (folder / "config.json").is_file() else None
+    if raw is None or identify(raw).kind != "pard":
+        return None
+    mask = raw.get("pard_token", raw.get("ptd_token_id"))
+    if not isinstance(mask, int) or isinstance(mask, bool):
+        raise ValueError(f"{str(folder)!r}: a PARD model's pard_token must be a token id, got {mask!r}")
+    return mask
 
 
 def check_draft_model(name: str) -> None:
@@ -298,6 +362,7 @@ def load_draft_model(
         from specdec.models import resolve_model
 
         path = resolve_model(name)
+        mask = pard_mask_token(path) if isinstance(path, Path) else None
         tok = None
         if isinstance(path, Path):  # a local folder: its tokenizer is checked before the weights load
             from specdec.verifiers.hf import HFVerifier
@@ -317,6 +382,12 @@ def load_draft_model(
 
             # the tokenizer checked above, not loaded a second time (None: HFVerifier loads its own)
             draft = HFVerifier(path, dtype=getattr(torch, dtype), device=device, tokenizer=tok)
-        return ModelDrafter(draft, block_size=block_size, policy=policy, name=label, path=str(path))
+        if mask is not None and not 0 <= mask < draft.vocab_size:
+            raise ValueError(
+                f"its PARD mask token {mask} is outside its vocabulary (0..{draft.vocab_size - 1})"
+            )
+        return ModelDrafter(
+            draft, block_size=block_size, policy=policy, name=label, path=str(path), mask_token_id=mask
+        )
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise ValueError(f"drafter {label!r}: {e}") from None
