@@ -16,12 +16,10 @@ import math
 import pytest
 import torch
 from test_dflash import PLAN, _ref_rope, bound, feed, make_fns, make_model
-from test_sampling import chi2_stat, chi2_threshold, exact_joint
 
 from specdec.drafting.checkpoint import DFlash2Config, DFlashConfig, check_checkpoint, load_config
 from specdec.drafting.dflash import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
-from specdec.sampling import SamplingParams
 from specdec.verifiers.stub import StubConfig, StubVerifier
 
 V, H, MASK = 97, 32, 96
@@ -226,27 +224,12 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(monkeypatc
     """Chi-square of the first three tokens against the exact distribution (tests/test_sampling.py's
     harness), drafts sampled from the walk and verified by `rejection`. Negative control: a walk that
     reports its q rows shifted by one candidate must fail."""
-    from test_sampling import N_SAMPLES, sample_joint
     from test_sampling import V as SV
+    from test_sampling import check_walk_distribution
 
     small = dict(hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, max_context=64)
     v = StubVerifier(StubConfig(vocab_size=SV, logit_scale=1.5, **small))
-    drafter = stub_drafter(v)
-    if broken:
-        real = DFlashDrafter.propose_walk
-
-        def shifted(self, *a, **kw):
-            tokens, q = real(self, *a, **kw)
-            return tokens, q.roll(1, dims=-1)
-
-        monkeypatch.setattr(DFlashDrafter, "propose_walk", shifted)
-    sp = SamplingParams(temperature=1.0, rule="rejection", proposal="sample")
-    counts = sample_joint(v, sp, 4, drafter)
-    stat, df = chi2_stat(counts, exact_joint(v, sp), N_SAMPLES)
-    if broken:
-        assert stat > chi2_threshold(df, 1e-3), (stat, df)
-    else:
-        assert stat < chi2_threshold(df, 1e-3), (stat, df)
+    check_walk_distribution(v, stub_drafter(v), DFlashDrafter, monkeypatch, broken=broken)
 
 
 def test_rollback_and_multi_turn_reuse_equal_fresh_runs():

@@ -312,8 +312,8 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_path, 
     """Chi-square of the first three tokens against the exact distribution (tests/test_sampling.py's
     harness), drafts sampled from the EAGLE-3 walk and verified by `rejection`. Negative control: a walk
     that reports its q rows shifted by one token must fail."""
-    from test_sampling import N_SAMPLES, chi2_stat, chi2_threshold, exact_joint, sample_joint
     from test_sampling import V as SV
+    from test_sampling import check_walk_distribution
 
     from specdec.verifiers.stub import StubConfig, StubVerifier
 
@@ -322,20 +322,7 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_path, 
     ck = eagle3ckpt.tiny_eagle3(tmp_path / "e3", target_hidden=16, vocab=SV, aux=[1, 2, 3], heads=2,
                                 kv_heads=1, sharpen=2.0)  # fmt: skip
     d = load_drafter(str(ck), verifier=v)
-    if broken:
-        real = Eagle3Drafter.propose_walk
-
-        def shifted(self, *a, **kw):
-            tokens, q = real(self, *a, **kw)
-            return tokens, q.roll(1, dims=-1)
-
-        monkeypatch.setattr(Eagle3Drafter, "propose_walk", shifted)
-    sp = SamplingParams(temperature=1.0, rule="rejection", proposal="sample")
-    stat, df = chi2_stat(sample_joint(v, sp, 4, d), exact_joint(v, sp), N_SAMPLES)
-    if broken:
-        assert stat > chi2_threshold(df, 1e-3), (stat, df)
-    else:
-        assert stat < chi2_threshold(df, 1e-3), (stat, df)
+    check_walk_distribution(v, d, Eagle3Drafter, monkeypatch, broken=broken)
 
 
 # ---- malformed checkpoints: one line, before the verifier loads -----------------------------------------

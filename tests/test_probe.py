@@ -248,15 +248,14 @@ def _dflash_folder(path: Path, **config: object) -> Path:
 _DROP = object()
 _LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 259}
 FORMATS = {
-    # EAGLE-3 folders (speculators, SGLang, yuhuili) and speculators' DFlash are read now: test_eagle3.py,
-    # test_speculators.py
+    # EAGLE-3 folders (speculators, SGLang, yuhuili), speculators' DFlash and DSpark are read now:
+    # test_eagle3.py, test_speculators.py, test_dspark.py
     "speculators dspark": ({"speculators_model_type": "dspark", "speculators_config": {}},
                            "a DSpark drafter (speculators format), which specdec does not read yet"),
     "medusa": ({"medusa_num_heads": 4, "medusa_num_layers": 1}, "a Medusa drafter, which"),
     "gemma4 assistant": ({"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantModel"]},
                          "a Gemma-4 assistant drafter, which"),
     "split mtp": ({"model_type": "qwen3_5_mtp"}, "MTP drafter layers (split format)"),
-    "dspark": ({"architectures": ["DSparkDraftModel"], "markov_rank": 8}, "a DSpark drafter"),
     "qwen3.5 with mtp": ({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
                           "text_config": {"mtp_num_hidden_layers": 1}},
                          "its MTP layers are not read yet; to draft with it token by token, pass "

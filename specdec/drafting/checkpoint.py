@@ -25,9 +25,11 @@ import torch
 from specdec.drafting.rope import rope_scaling
 from specdec.kernels import MAX_VERIFY_TOKENS
 
-#: the checkpoint formats this module reads (`formats.Format.kind`)
-#: (format kind, dialect): the public format, and DFlash in the speculators container (`speculators.py`)
-DFLASH_FORMATS = frozenset({("dflash", "public"), ("dflash2", "public"), ("dflash", "speculators")})
+#: (format kind, dialect): the public format, DFlash in the speculators container (`speculators.py`) and
+#: DSpark (`dspark.py`: DFlash with a Markov head)
+DFLASH_FORMATS = frozenset(
+    {("dflash", "public"), ("dflash2", "public"), ("dflash", "speculators"), ("dspark", "public")}
+)
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
@@ -175,6 +177,7 @@ class DFlashConfig:
     # depth unrecorded (num_target_layers is then only the deepest layer read + 1, not compared)
     own_lm_head: bool = False
     dialect: str = "public"
+    dspark: Any = None  # `dspark.DSparkParams` of a DSpark drafter
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # unused config.json keys, kept
 
     def __post_init__(self) -> None:
@@ -412,6 +415,8 @@ def public_param_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
     shapes.update({"fc.weight": (H, cfg.feature_dim), "hidden_norm.weight": (H,), "norm.weight": (H,)})
     if cfg.own_lm_head:
         shapes["lm_head.weight"] = (len(cfg.draft_vocab or ()) or cfg.vocab_size, H)
+    if cfg.dspark is not None:  # `dspark.DSparkParams`: its heads
+        shapes |= cfg.dspark.param_shapes(cfg)
     d2 = cfg.dflash2
     if d2 is not None:
         taps, dyn = d2.conv_kernel_size, 2 * d2.conv_kernel_size * (H // d2.conv_group_size)
@@ -516,6 +521,8 @@ def load_state_dict(path: str | Path, cfg: DFlashConfig | None = None) -> dict[s
 
 def usable_weights(cfg: DFlashConfig, state: Mapping[str, Any]) -> dict[str, Any]:
     """`state` without what a speculators checkpoint keeps for training (`d2t`, `t2d`, `verifier_*`)."""
+    if cfg.dspark is not None:
+        return {k.removeprefix("model."): v for k, v in state.items()}
     if cfg.dialect != "speculators":
         return dict(state)
     drop = ("verifier_", "t2d", "d2t", "embed_tokens.")

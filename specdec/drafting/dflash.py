@@ -70,12 +70,15 @@ class DFlashDrafter:
         self.path: str | None = None  # the checkpoint folder it was loaded from
         self.rows = model.draft_vocab  # [K] or None
         self.d2 = cfg.dflash2  # DFlash2's read-out and selector, or None
-        # the mask token is never proposed (DFlash2 keeps the public reference's read-out as it is)
-        self._mask_col = cfg.mask_column if self.d2 is None else None  # from the config: no device read
+        self.ds = cfg.dspark  # DSpark's Markov and confidence heads, or None
+        # the block position of the first proposal: 1 (after the bonus), 0 for DSpark drafting from it
+        self._off = 1 if self.ds is None else self.ds.offset
+        # the mask token is never proposed (DFlash2 and DSpark keep their references' read-outs as they are)
+        self._mask_col = cfg.mask_column if self.d2 is None and self.ds is None else None
         self.cache = DFlashCache(cfg, device=model.device, dtype=model.dtype, capacity=capacity)
-        # [bs] the block ids [bonus, MASK...]; only slot 0 changes per proposal
+        # [bs] the block ids [bonus, MASK...] (DSpark from the anchor: one fewer); slot 0 changes per proposal
         self._block_ids = torch.full(
-            (cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=self.device
+            (cfg.block_size - 1 + self._off,), cfg.mask_token_id, dtype=torch.long, device=self.device
         )
         self._pending: list[torch.Tensor] = []  # features [n_i, K*H] committed since the last projection
         self.embed_fn: EmbedFn | None = None
@@ -116,7 +119,7 @@ class DFlashDrafter:
 
     def bind(self, verifier: Verifier) -> None:
         check_target(self.cfg, verifier, name=self.name)
-        embed = verifier.embed_fn(device=self.device, dtype=self.dtype)
+        embed = self.model.embed_tokens or verifier.embed_fn(device=self.device, dtype=self.dtype)
         if self.cfg.own_lm_head:  # a speculators checkpoint's own head: [..., K]
             head = self.model.lm_head
         else:
@@ -197,11 +200,11 @@ class DFlashDrafter:
 
     @torch.inference_mode()
     def block_logits(self, last_token: int, n: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [n, K] over the draft vocabulary (K = V without one) of block positions 1..n, the mask
-        token at -inf (DFlash2: times its output multiplier, soft-capped), with `last_token` at
-        context_len; `hidden` [bs, H] when `block_hidden` was already run."""
+        """Logits [n, K] over the draft vocabulary (K = V without one) of block positions 1..n (DSpark
+        from the anchor: 0..n-1), the mask token at -inf (DFlash2: times its output multiplier,
+        soft-capped), with `last_token` at context_len; `hidden` [bs, H] when `block_hidden` was run."""
         hidden = self.block_hidden(last_token) if hidden is None else hidden
-        logits = self.lm_head_fn(hidden[1 : n + 1])  # [n, K]
+        logits = self.lm_head_fn(hidden[self._off : self._off + n])  # [n, K]
         if self.d2 is not None:
             logits = logits * self.d2.output_multiplier
             cap = self.d2.final_logit_softcapping
@@ -240,6 +243,9 @@ class DFlashDrafter:
         if n == 0:
             return []
         cut = self.policy.needs_confidence("dflash")
+        if self.ds is not None:
+            tokens, chances, _ = self.dspark_walk(last_token, n)
+            return self.policy.block_cut(tokens.tolist(), chances.tolist() if cut else None)
         if self.d2 is not None:
             walk = self.walk(last_token, n)
             return self.policy.block_cut(walk.tokens.tolist(), walk.chances().tolist() if cut else None)
@@ -261,16 +267,31 @@ class DFlashDrafter:
         """A tree of the block's candidates, best first by path probability (`specdec.tree.best_first`)."""
         return best_first(last_token, self.vocab_logits(last_token, depth), budget)  # [depth, V]
 
+    @torch.inference_mode()
+    def dspark_walk(
+        self, last_token: int, n: int, *, temperature: float = 0.0, u: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """DSpark: the Markov head's walk over the block's n proposals (`dspark.markov_walk`)."""
+        from specdec.drafting.dspark import markov_walk
+
+        hidden = self.block_hidden(last_token)  # [bs, H]
+        logits = self.block_logits(last_token, n, hidden)  # [n, V]
+        rows = hidden[self._off : self._off + n]
+        return markov_walk(self.model, rows, logits, last_token, temperature=temperature, u=u)
+
     @property
     def walks(self) -> bool:
-        """DFlash2: sampled proposals are the selector's walk (`propose_walk`), not independent rows."""
-        return self.cfg.dflash2 is not None
+        """DFlash2 and DSpark: sampled proposals are a walk (`propose_walk`), not independent rows."""
+        return self.d2 is not None or self.ds is not None
 
     def propose_walk(
         self, last_token: int, n: int, *, temperature: float, u: torch.Tensor
     ) -> tuple[list[int], torch.Tensor]:
         """DFlash2 at temperature > 0: the selector's walk sampled with uniforms u [n] -> (tokens, q [n, V],
         each row the distribution its token was drawn from given the tokens before it)."""
+        if self.ds is not None:
+            tokens, _, q = self.dspark_walk(last_token, n, temperature=temperature, u=u)
+            return tokens.tolist(), q.float().cpu()
         walk = self.walk(last_token, n, temperature=temperature, u=u)
         return walk.tokens.tolist(), walk.dense(self.cfg.vocab_size)
 

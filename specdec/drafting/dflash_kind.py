@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from specdec.drafting.checkpoint import DFLASH_FORMATS, check_checkpoint, check_target
+from specdec.drafting.dspark import read_dspark
 from specdec.drafting.kind import DrafterKind
 from specdec.drafting.speculators import read_speculators_dflash
 
@@ -37,13 +38,15 @@ def _load(
 
 DFLASH_KIND = DrafterKind(
     name="dflash",
-    summary="DFlash and DFlash2 block drafters, public format (z-lab, vLLM / SGLang) and speculators'",
+    summary="DFlash, DFlash2 and DSpark block drafters (z-lab's public format, vLLM / SGLang; speculators')",
     formats=DFLASH_FORMATS,
     needs="hidden states of the target layers it names, the verifier's embedding and LM head",
     runtimes=("torch", "mlx"),
     trees=True,
     read=lambda folder, raw, fmt: (
-        read_speculators_dflash(folder, raw) if fmt.dialect == "speculators" else check_checkpoint(folder)
+        read_speculators_dflash(folder, raw) if fmt.dialect == "speculators"
+        else read_dspark(folder, raw) if fmt.kind == "dspark"
+        else check_checkpoint(folder)
     ),
     fits=lambda cfg, target, name: check_target(cfg, target, name=name),
     load=_load,
@@ -51,5 +54,6 @@ DFLASH_KIND = DrafterKind(
         "architecture": cfg.architecture, "reads target layers": list(cfg.target_layer_ids),
         "target": f"{cfg.num_target_layers} layers, hidden {cfg.hidden_size}, vocabulary {cfg.vocab_size}",
         "block size": cfg.block_size, "draft layers": cfg.num_hidden_layers,
+        **({"dspark": cfg.dspark} if cfg.dspark is not None else {}),
     },
 )  # fmt: skip

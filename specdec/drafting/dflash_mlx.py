@@ -180,6 +180,17 @@ class MLXDFlashModel(nn.Module):
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         if cfg.dflash2 is not None:
             self.candidate_selector = _Selector(cfg)
+        if cfg.dspark is not None:  # DSpark's heads (`specdec.drafting.dspark`), public parameter names
+            p = cfg.dspark
+            self.markov_head = nn.Module()
+            self.markov_head.markov_w1 = nn.Embedding(cfg.vocab_size, p.markov_rank)
+            self.markov_head.markov_w2 = nn.Linear(p.markov_rank, cfg.vocab_size, bias=False)
+            if p.confidence_head:
+                self.confidence_head = nn.Module()
+                width = cfg.hidden_size + (p.markov_rank if p.confidence_with_markov else 0)
+                self.confidence_head.proj = nn.Linear(width, 1, bias=True)
+            if p.own_embeddings:
+                self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         if cfg.own_lm_head:  # a speculators checkpoint's head over its draft vocabulary
             self.lm_head = nn.Linear(
                 cfg.hidden_size, len(cfg.draft_vocab or ()) or cfg.vocab_size, bias=False
@@ -340,8 +351,10 @@ class MLXDFlashDrafter:
         self._head: Any = None
         self._rows = None if cfg.draft_vocab is None else mx.array(list(cfg.draft_vocab), dtype=mx.int32)
         self.d2 = cfg.dflash2  # DFlash2's read-out and selector, or None
-        self._mask_col = cfg.mask_column if self.d2 is None else None  # as the torch drafter
-        self.walks = self.d2 is not None  # `specdec.protocols.SampledWalk`
+        self.ds = cfg.dspark  # DSpark's heads, or None
+        self._off = 1 if self.ds is None else self.ds.offset  # the first proposal's block position
+        self._mask_col = cfg.mask_column if self.d2 is None and self.ds is None else None  # as the torch one
+        self.walks = self.d2 is not None or self.ds is not None  # `specdec.protocols.SampledWalk`
 
     @classmethod
     def from_pretrained(
@@ -393,7 +406,9 @@ class MLXDFlashDrafter:
         inner = text_model(model).model
         scale = embed_scale(model)
         self._embed = (
-            (lambda ids: inner.embed_tokens(ids))
+            self.model.embed_tokens  # a DSpark checkpoint's own
+            if "embed_tokens" in self.model
+            else (lambda ids: inner.embed_tokens(ids))
             if scale is None
             else (lambda ids: inner.embed_tokens(ids) * scale)
         )
@@ -422,7 +437,8 @@ class MLXDFlashDrafter:
     def block_hidden(self, last_token: int) -> mx.array:
         """Hidden states [bs, H] of the block [last_token, MASK...] (lazy)."""
         cache = self._need()
-        ids = mx.array([last_token] + [self.mask_token_id] * (self.block_size - 1), dtype=mx.int32)[None]
+        masks = [self.mask_token_id] * (self.block_size - 2 + self._off)  # DSpark from the anchor: one fewer
+        ids = mx.array([last_token, *masks], dtype=mx.int32)[None]
         emb = self._embed(ids)  # [1, bs, H]
         if self.d2 is not None and self.d2.input_embedding_scale != 1.0:
             emb = emb * self.d2.input_embedding_scale
@@ -432,7 +448,7 @@ class MLXDFlashDrafter:
         """Logits [n, K] (K = V without a draft vocabulary) of block positions 1..n, mask token at -inf
         (DFlash2: times its output multiplier, soft-capped), as the torch drafter's."""
         hidden = self.block_hidden(last_token) if hidden is None else hidden
-        logits = self._head(hidden[1 : n + 1]).astype(mx.float32)  # [n, K]
+        logits = self._head(hidden[self._off : self._off + n]).astype(mx.float32)  # [n, K]
         if self.d2 is not None:
             logits = logits * self.d2.output_multiplier
             cap = self.d2.final_logit_softcapping
@@ -451,10 +467,55 @@ class MLXDFlashDrafter:
         logits = self.block_logits(last_token, n, hidden)
         return self.model.candidate_selector.walk(hidden[1 : n + 1], logits, last_token, temperature, u)
 
+    def dspark_walk(
+        self, last_token: int, n: int, *, temperature: float = 0.0, u: Sequence[float] | None = None
+    ) -> tuple[mx.array, mx.array, mx.array | None]:
+        """DSpark: the Markov head's walk over the block's n proposals, lazy: (tokens [n], chances [n]: the
+        confidence head's, else each step's top-1 probability, q [n, V] at temperature > 0), as
+        `dspark.markov_walk`; sampled by inverse CDF with uniforms u [n]."""
+        hidden = self.block_hidden(last_token)
+        base = self.block_logits(last_token, n, hidden)  # [n, V]
+        rows, m, ch = (
+            hidden[self._off : self._off + n],
+            self.model.markov_head,
+            self.model.get("confidence_head"),
+        )
+        prev, tokens, chances, qs = mx.array([last_token]), [], [], []
+        for i in range(n):
+            e = m.markov_w1(prev)  # [1, r]
+            logits = (base[i : i + 1] + m.markov_w2(e)).astype(mx.float32)  # [1, V]
+            if temperature > 0:
+                q = mx.softmax(logits / temperature, axis=-1)
+                qs.append(q)
+                cdf = mx.cumsum(q, axis=-1)
+                idx = mx.minimum(mx.sum(cdf <= u[i] * cdf[:, -1:], axis=-1), q.shape[-1] - 1)
+                zero = mx.take_along_axis(q, idx[:, None], axis=-1)[:, 0] == 0
+                tok = mx.where(zero, mx.argmax(q, axis=-1), idx)
+            else:
+                tok = mx.argmax(logits, axis=-1)
+            if ch is not None:
+                x = (
+                    mx.concatenate([rows[i : i + 1], e], -1)
+                    if self.ds.confidence_with_markov
+                    else rows[i : i + 1]
+                )
+                chances.append(mx.sigmoid(ch.proj(x).astype(mx.float32))[:, 0])
+            else:
+                chances.append(mx.max(mx.softmax(logits, axis=-1), axis=-1))
+            tokens.append(tok)
+            prev = tok
+        q = mx.concatenate(qs) if qs else None
+        return mx.concatenate(tokens), mx.concatenate(chances), q
+
     def propose_walk(
         self, last_token: int, n: int, *, temperature: float, u: torch.Tensor
     ) -> tuple[list[int], torch.Tensor]:
-        """DFlash2 at temperature > 0 (`specdec.protocols.SampledWalk`): the sampled walk and q [n, V]."""
+        """DFlash2 and DSpark at temperature > 0 (`specdec.protocols.SampledWalk`): the sampled walk and
+        q [n, V]."""
+        if self.ds is not None:
+            tokens, _, q = self.dspark_walk(last_token, n, temperature=temperature, u=u.tolist())
+            mx.eval(tokens, q)
+            return tokens.tolist(), torch.tensor(np.array(q))
         tokens, probs, cand = self.walk(last_token, n, temperature=temperature, u=u.tolist())
         mx.eval(tokens, probs, cand)
         q = torch.zeros(n, self.vocab_size)  # [n, V]
@@ -469,7 +530,10 @@ class MLXDFlashDrafter:
         if n == 0:
             return []
         cut = self.policy.needs_confidence("dflash")
-        if self.d2 is not None:
+        if self.ds is not None:
+            best, top, _ = self.dspark_walk(last_token, n)
+            top = top if cut else None
+        elif self.d2 is not None:
             best, probs, _ = self.walk(last_token, n)
             top = mx.max(probs, axis=-1) if cut else None  # [n]: the walk's own chances
         else:

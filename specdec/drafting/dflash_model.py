@@ -255,6 +255,13 @@ class DFlashDraftModel(nn.Module):
         vocab = None if cfg.draft_vocab is None else torch.tensor(cfg.draft_vocab, device="cpu")
         self.register_buffer("draft_vocab", vocab, persistent=False)
         self.candidate_selector = None if cfg.dflash2 is None else CandidateSelector(cfg)  # DFlash2
+        self.markov_head = self.confidence_head = self.embed_tokens = None
+        if cfg.dspark is not None:  # DSpark's Markov and confidence heads (`specdec.drafting.dspark`)
+            from specdec.drafting.dspark import torch_heads
+
+            self.markov_head, self.confidence_head = torch_heads(cfg)
+            if cfg.dspark.own_embeddings:
+                self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         if cfg.own_lm_head:  # a speculators checkpoint's head over its draft vocabulary
             self.lm_head = nn.Linear(
                 cfg.hidden_size, len(cfg.draft_vocab or ()) or cfg.vocab_size, bias=False

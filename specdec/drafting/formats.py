@@ -10,7 +10,8 @@ The marks, from the public configs and loaders (vLLM, SGLang, speculators, mlx-v
 - the speculators container: `speculators_model_type` (eagle3, eagle, peagle, dflash, dspark, mtp, ...)
 - EAGLE-3: an architecture naming Eagle3 (SGLang's LlamaForCausalLMEagle3), `model_type` eagle3, or a
   `draft_vocab_size` (yuhuili's configs); EAGLE-1/2: an architecture naming Eagle
-- Medusa: `medusa_num_heads`; DSpark: `model_type` or an architecture naming dspark, or `markov_rank`
+- Medusa: `medusa_num_heads`; DSpark: `model_type` or an architecture naming dspark, a `markov_rank`
+  (top level or in `dflash_config`), or `dflash_config.projector_type` dspark (checked before DFlash)
 - Gemma-4 assistants: `model_type` gemma4_assistant / gemma4_unified_assistant
 - MTP layers split into a folder of their own: a `model_type` ending in _mtp (mlx-vlm's qwen3_5_mtp)
 - PARD: `pard_token` (or `ptd_token_id`), on an otherwise plain causal LM
@@ -85,6 +86,11 @@ def identify(raw: Mapping[str, Any], files: Collection[str] = ()) -> Format:
     spec = raw.get("speculators_model_type")
     if isinstance(spec, str) or isinstance(raw.get("speculators_config"), Mapping):
         return fmt(_SPECULATORS.get(str(spec), "unknown"), "speculators")
+    dfc = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), Mapping) else {}
+    if "dspark" in mt or any("dspark" in a for a in low) or "markov_rank" in raw or "markov_rank" in dfc:
+        return fmt("dspark", "public")
+    if dfc.get("projector_type") == "dspark":
+        return fmt("dspark", "public")
     if "DFlash2DraftModel" in archs:
         return fmt("dflash2", "public")
     if "DFlashDraftModel" in archs or "dflash_config" in raw:
@@ -96,8 +102,6 @@ def identify(raw: Mapping[str, Any], files: Collection[str] = ()) -> Format:
         return fmt("eagle", "")
     if "medusa_num_heads" in raw or mt == "medusa":
         return fmt("medusa", "")
-    if "dspark" in mt or any("dspark" in a for a in low) or "markov_rank" in raw:
-        return fmt("dspark", "")
     if mt in ("gemma4_assistant", "gemma4_unified_assistant"):
         return fmt("gemma4-assistant", "")
     if mt.endswith("_mtp"):
