@@ -45,6 +45,73 @@ def assert_turns_equal_fresh_runs(v: Verifier, drafter, prompt: Sequence[int], f
     assert engine.complete(edited, max_tokens=12, stop_token_ids=frozenset()).output_tokens == fresh(edited)
 
 
+CPU = torch.device("cpu")
+
+
+def scripted_steps(drafter, v, ref, *, prompt: Sequence[int], steps: int = 9, k: int = 4) -> list:
+    """Drive `drafter` through accept-all, accept-none and partial steps and rollbacks, the verifier
+    giving the features of what is committed; at each step `ref(tokens, feats, last, k)` (the committed
+    history) gives the reference (drafts, logits [k, K]) the drafter's must equal. Returns the drafts."""
+    pattern = [k, 0, 2, k, 1, "rollback", 3, 0, k]
+    v.reset()
+    v.set_target_layers(drafter.target_layer_ids)
+    last = v.prefill(prompt)
+    feats = v.features(len(prompt), device=CPU, dtype=torch.float32)
+    native = v.native_features(len(prompt)) if drafter.runtime == "mlx" else feats
+    tokens, history = list(prompt), [feats]
+    drafter.reset()
+    drafter.extend(native, prompt)
+    out = []
+    for step in pattern[:steps]:
+        want, want_logits = ref(tokens, torch.cat(history), last, k)
+        got = drafter.propose(last, k)
+        assert got == want, (step, got, want)
+        got_logits = drafter_logits(drafter, last, k)
+        torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
+        out.append((got, got_logits))
+        if step == "rollback":  # a stop-string cut or an edited history: 3 committed positions dropped
+            v.rollback(3)
+            drafter.rollback(3)
+            history = [torch.cat(history)[:-3]]
+            last, tokens = tokens[-3], tokens[:-3]
+            continue
+        a = step
+        commit = [last, *got[:a]]  # the bonus token and the drafts the step accepts
+        target = v.verify(commit)
+        feats = v.features(len(commit), device=CPU, dtype=torch.float32)
+        native = v.native_features(len(commit)) if drafter.runtime == "mlx" else feats
+        drafter.extend(native, commit)
+        tokens += commit
+        history.append(feats)
+        # the next bonus: the verifier's own token unless a partial step must reject the next draft
+        last = target[-1] if a == k or target[-1] != got[a] else (got[a] + 1) % 300
+    return out
+
+
+def drafter_logits(drafter, last: int, k: int) -> torch.Tensor:
+    """The greedy chain's logits [k, K] over the draft vocabulary (what the tree proposals read)."""
+    import numpy as np
+
+    rows = []
+    if drafter.runtime == "mlx":
+        import mlx.core as mx
+
+        def pick(logits, i):
+            rows.append(logits)
+            return mx.argmax(logits, axis=-1)
+
+        cols = drafter._chain(last, k, pick)
+        drafter._sync(cols, *rows)
+        return torch.tensor(np.array(mx.concatenate(rows)))
+
+    def pick_t(logits, i):
+        rows.append(logits.float())
+        return logits.argmax(-1)
+
+    drafter._chain(last, k, pick_t)
+    return torch.cat(rows)
+
+
 class ScriptedDrafter:
     """Proposes `reference` (prompt + continuation) except at positions in `wrong_at`, where it proposes
     a different token. With `wrong_at=()` it is an oracle (everything accepted)."""

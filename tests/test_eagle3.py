@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 import eagle3ckpt  # noqa: E402
 import parity  # noqa: E402
 import tinymodels  # noqa: E402
-from drafters import assert_turns_equal_fresh_runs  # noqa: E402
+from drafters import assert_turns_equal_fresh_runs, drafter_logits, scripted_steps  # noqa: E402
 
 from specdec.api import load_drafter  # noqa: E402
 from specdec.drafting.eagle3 import Eagle3Drafter  # noqa: E402
@@ -84,70 +84,6 @@ def test_dialects_identified_and_read(ckpts):
                        dialect="speculators").block_size == 6  # speculative_tokens 5 + 1  # fmt: skip
 
 
-def scripted_steps(drafter, v, ref, *, steps: int = 9, k: int = 4) -> list[tuple[list[int], torch.Tensor]]:
-    """Drive `drafter` through accept-all, accept-none and partial steps and rollbacks, the verifier
-    giving the features of what is committed; at each step `ref(tokens, feats, last, k)` (the committed
-    history) gives the reference (drafts, logits [k, K]) the drafter's must equal. Returns the drafts."""
-    pattern = [k, 0, 2, k, 1, "rollback", 3, 0, k]
-    v.reset()
-    v.set_target_layers(drafter.target_layer_ids)
-    last = v.prefill(PROMPT)
-    feats = v.features(len(PROMPT), device=CPU, dtype=torch.float32)
-    native = v.native_features(len(PROMPT)) if drafter.runtime == "mlx" else feats
-    tokens, history = list(PROMPT), [feats]
-    drafter.reset()
-    drafter.extend(native, PROMPT)
-    out = []
-    for step in pattern[:steps]:
-        want, want_logits = ref(tokens, torch.cat(history), last, k)
-        got = drafter.propose(last, k)
-        assert got == want, (step, got, want)
-        got_logits = drafter_logits(drafter, last, k)
-        torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
-        out.append((got, got_logits))
-        if step == "rollback":  # a stop-string cut or an edited history: 3 committed positions dropped
-            v.rollback(3)
-            drafter.rollback(3)
-            history = [torch.cat(history)[:-3]]
-            last, tokens = tokens[-3], tokens[:-3]
-            continue
-        a = step
-        commit = [last, *got[:a]]  # the bonus token and the drafts the step accepts
-        target = v.verify(commit)
-        feats = v.features(len(commit), device=CPU, dtype=torch.float32)
-        native = v.native_features(len(commit)) if drafter.runtime == "mlx" else feats
-        drafter.extend(native, commit)
-        tokens += commit
-        history.append(feats)
-        # the next bonus: the verifier's own token unless a partial step must reject the next draft
-        last = target[-1] if a == k or target[-1] != got[a] else (got[a] + 1) % 300
-    return out
-
-
-def drafter_logits(drafter, last: int, k: int) -> torch.Tensor:
-    """The greedy chain's logits [k, K] over the draft vocabulary (what the tree proposals read)."""
-    import numpy as np
-
-    rows = []
-    if drafter.runtime == "mlx":
-        import mlx.core as mx
-
-        def pick(logits, i):
-            rows.append(logits)
-            return mx.argmax(logits, axis=-1)
-
-        cols = drafter._chain(last, k, pick)
-        drafter._sync(cols, *rows)
-        return torch.tensor(np.array(mx.concatenate(rows)))
-
-    def pick_t(logits, i):
-        rows.append(logits.float())
-        return logits.argmax(-1)
-
-    drafter._chain(last, k, pick_t)
-    return torch.cat(rows)
-
-
 def torch_reference(folder: Path, v):
     emb = v.embed_fn(device=CPU, dtype=torch.float32)(torch.arange(v.vocab_size))
 
@@ -161,14 +97,14 @@ def torch_reference(folder: Path, v):
 def test_drafts_equal_the_reference_through_accepts_rejects_and_rollbacks(ckpts, hf, name):
     d = load_drafter(str(ckpts[name]), verifier=hf, block_size=5)
     assert isinstance(d, Eagle3Drafter)
-    scripted_steps(d, hf, torch_reference(ckpts[name], hf))
+    scripted_steps(d, hf, torch_reference(ckpts[name], hf), prompt=PROMPT)
 
 
 @pytest.mark.parametrize("name", ["speculators", "qwen3-2layers-fcnorm-normout", "normfc-residual-embed"])
 def test_mlx_drafter_equals_the_reference(ckpts, mlxv, name):
     d = load_drafter(str(ckpts[name]), verifier=mlxv, block_size=5, runtime="mlx")
     assert d.runtime == "mlx"
-    scripted_steps(d, mlxv, torch_reference(ckpts[name], mlxv))
+    scripted_steps(d, mlxv, torch_reference(ckpts[name], mlxv), prompt=PROMPT)
 
 
 def test_drafts_equal_mlx_vlm(ckpts, mlxv):

@@ -258,8 +258,8 @@ FORMATS = {
     "split mtp": ({"model_type": "qwen3_5_mtp"}, "MTP drafter layers (split format)"),
     "qwen3.5 with mtp": ({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
                           "text_config": {"mtp_num_hidden_layers": 1}},
-                         "its MTP layers are not read yet; to draft with it token by token, pass "
-                         "--drafter model:"),
+                         "to draft with its MTP layers, load it as --model and pass --drafter mtp (HF "
+                         "verifier); to draft with it token by token, pass --drafter model:"),
     "causal lm": ({**_LLAMA, "architectures": ["LlamaForCausalLM"]},
                   "a causal LM (model_type 'llama', architectures ['LlamaForCausalLM']), not a drafter "
                   "checkpoint; to draft with it token by token, pass --drafter model:"),

@@ -9,14 +9,13 @@ ids by `d2t`. Drafting a chain feeds each row's output (before `norm`, or after 
 back as the next row's hidden state, with the token just drafted. RoPE positions are r + 1, as
 speculators trains and mlx-vlm drafts (vLLM uses r: attention sees only differences).
 
-`Eagle3Drafter` keeps the fused vector of every committed position (`fc` applied when a proposal needs it)
-and a K/V cache of the rows whose pair is committed; a proposal computes the rows it lacks in one forward,
-drafts the chain one row at a time, and drops the chain's rows again, so a rollback only moves pointers.
+`Eagle3Drafter` is a `chain.ChainDrafter` over the network and its K/V cache (`Eagle3Cache`): the rows
+whose pair is committed are kept, a proposal computes those it lacks in one forward, drafts the chain a row
+at a time and drops the chain's rows again, so a rollback only moves pointers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,14 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.drafting.chain import ChainDrafter
 from specdec.drafting.dflash_model import RMSNorm, apply_rope, attend, rope_cos_sin
 from specdec.drafting.eagle3_config import Eagle3Config, check_eagle3, draft_vocab, load_eagle3_weights
 from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
-from specdec.kernels import MAX_VERIFY_TOKENS, use_cpu_linears
-from specdec.protocols import EmbedFn, MemoryProbe
-from specdec.sampling import sample_from
-from specdec.tree import Tree, TreeBudget, best_first
+from specdec.kernels import use_cpu_linears
+from specdec.protocols import EmbedFn
 
 if TYPE_CHECKING:
     from specdec.protocols import Verifier
@@ -179,12 +177,9 @@ class Eagle3Model(nn.Module):
         return self.lm_head(normed), normed if self.cfg.norm_output else out
 
 
-class Eagle3Drafter:
-    """The `Drafter` protocol over an `Eagle3Model`: greedy chains cut by the draft policy, sampled walks
-    with q at T > 0 (`SampledWalk`), trees from the greedy chain's distributions (`TreeProposals`)."""
-
-    runtime = "torch"
-    walks = True  # each draft depends on the one drawn before it
+class Eagle3Drafter(ChainDrafter):
+    """The `Drafter` protocol over an `Eagle3Model` (`chain.ChainDrafter`): greedy chains cut by the draft
+    policy, sampled walks with q at T > 0, trees from the greedy chain's distributions."""
 
     def __init__(
         self, model: Eagle3Model, *, name: str = "eagle3", policy: DraftPolicy | None = None,
@@ -192,20 +187,17 @@ class Eagle3Drafter:
     ) -> None:  # fmt: skip
         """`block_size`: drafts per step + 1 (default the checkpoint's); `capacity`: rows the cache holds
         before it first grows."""
-        self.model = model.eval().requires_grad_(False)
+        model = model.eval().requires_grad_(False)
         use_cpu_linears(model)
         self.cfg = cfg = model.cfg
-        self.name, self.policy = name, policy or DraftPolicy()
-        self.block_size = min(block_size or cfg.block_size, MAX_VERIFY_TOKENS)
-        self.target_layer_ids = cfg.target_layer_ids if cfg.aux_layer_ids else ()
-        self.feature_dim, self.vocab_size = cfg.feature_dim, cfg.vocab_size
-        self.device, self.dtype = next(model.parameters()).device, next(model.parameters()).dtype
-        self.path: str | None = None
-        self.rows: torch.Tensor | None = None  # [K] target id of each draft token (None: identity)
-        self.cache = Eagle3Cache(cfg, device=self.device, dtype=self.dtype, capacity=capacity)
-        self._fused = torch.zeros(capacity, cfg.hidden_size, device=self.device, dtype=self.dtype)
-        self.embed_fn: EmbedFn | None = None
-        self.reset()
+        device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+        super().__init__(
+            model, Eagle3Cache(cfg, device=device, dtype=dtype, capacity=capacity), name=name, policy=policy,
+            block_size=block_size or cfg.block_size, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+            draft_vocab_size=cfg.draft_vocab_size, feature_dim=cfg.feature_dim,
+            target_layer_ids=cfg.target_layer_ids if cfg.aux_layer_ids else (), device=device, dtype=dtype,
+            capacity=capacity,
+        )  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -252,142 +244,3 @@ class Eagle3Drafter:
         if self.embed_fn is None:
             raise ValueError(f"drafter {self.name!r} ships no embeddings: bind it to a verifier")
         self.reset()
-
-    @property
-    def context_len(self) -> int:
-        return len(self._tokens)
-
-    def reset(self) -> None:
-        self.cache.length = 0
-        self._tokens: list[int] = []  # committed tokens
-        self._pending: list[torch.Tensor] = []  # features [n_i, A*Ht] committed since the last fuse
-        self._n_fused = 0  # positions whose fused hidden is in `_fused`
-        self._tail: int | None = None  # the token row len-1 was computed with, where the cache holds it
-
-    @torch.inference_mode()
-    def extend(self, features: torch.Tensor, tokens: Sequence[int]) -> None:
-        if features.dim() != 2 or features.shape != (len(tokens), self.feature_dim):
-            raise ValueError(
-                f"features must be [{len(tokens)}, {self.feature_dim}], got {list(features.shape)}"
-            )
-        if not tokens:
-            return
-        if self._tail is not None and tokens[0] != self._tail:  # the last row paired another token
-            self.cache.length -= 1
-        self._tail = None
-        self._tokens += tokens
-        self._pending.append(features)
-
-    def rollback(self, n: int) -> None:
-        L = len(self._tokens)
-        if not 0 <= n <= L:
-            raise ValueError(f"cannot roll back {n} positions: the drafter holds {L}")
-        if n == 0:
-            return
-        self._fuse()
-        del self._tokens[L - n :]
-        self._n_fused = L - n
-        self.cache.length = min(self.cache.length, max(L - n - 1, 0))  # row r pairs token r + 1
-        self._tail = None
-
-    def _fuse(self) -> None:
-        if self._pending:
-            feats = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
-            self._pending = []
-            n, start = feats.shape[0], self._n_fused
-            if start + n > self._fused.shape[0]:
-                grow = torch.zeros(max(start + n, 2 * self._fused.shape[0]), self.cfg.hidden_size,
-                                   device=self.device, dtype=self.dtype)  # fmt: skip
-                grow[:start] = self._fused[:start]
-                self._fused = grow
-            self._fused[start : start + n] = self.model.fuse(feats.to(device=self.device, dtype=self.dtype))
-            self._n_fused += n
-
-    # ---- drafting -----------------------------------------------------------------------------------------
-
-    def _catch_up(self, last_token: int) -> torch.Tensor:
-        """Compute the rows the cache lacks, the last pairing `last_token`: that row's output [1, H]."""
-        self._fuse()
-        L = len(self._tokens)
-        R = self.cache.length = min(self.cache.length, L - 1)  # a held last row is recomputed: its output
-        ids = torch.tensor([*self._tokens[R + 1 :], last_token], device=self.device)  # [L - R]
-        out = self.model.rows(self.cache, self.embed_fn(ids), self._fused[R:L])  # [L - R, H]
-        self._tail = last_token
-        return out[-1:]
-
-    @torch.inference_mode()
-    def _chain(
-        self, last_token: int, n: int, pick: Callable[[torch.Tensor, int], torch.Tensor]
-    ) -> torch.Tensor:
-        """n draft columns after `last_token`: `pick(logits [1, K], i)` chooses column i; the chain's rows
-        are dropped after. Returns the columns [n] (on the device: no sync)."""
-        if n <= 0 or not self._tokens:
-            return torch.zeros(0, dtype=torch.long, device=self.device)
-        L = len(self._tokens)
-        out, cols = self._catch_up(last_token), []
-        for i in range(n):
-            logits, hidden = self.model.readout(out)
-            cols.append(pick(logits, i))  # [1]
-            if i + 1 < n:
-                ids = cols[-1] if self.rows is None else self.rows[cols[-1]]
-                out = self.model.rows(self.cache, self.embed_fn(ids), hidden)
-        self.cache.length = L  # the chain's rows paired drafts: not kept
-        return torch.cat(cols)
-
-    def _ids(self, cols: torch.Tensor) -> list[int]:
-        return (cols if self.rows is None else self.rows[cols]).tolist()  # the one sync of a proposal
-
-    def propose(self, last_token: int, n: int) -> list[int]:
-        """Up to n greedy drafts after `last_token`, cut by the draft policy with each draft's top-1 chance
-        (`DraftPolicy.block_cut`)."""
-        if not 0 <= n < self.block_size:
-            raise ValueError(f"can propose 0..{self.block_size - 1} tokens per step, asked for {n}")
-        cut, tops = self.policy.needs_confidence("dflash"), []
-
-        def greedy(logits: torch.Tensor, i: int) -> torch.Tensor:
-            if cut:
-                tops.append(logits.float().softmax(-1).max(-1).values)
-            return logits.argmax(-1)
-
-        tokens = self._ids(self._chain(last_token, n, greedy))
-        return self.policy.block_cut(tokens, torch.cat(tops).tolist() if cut and tops else None)
-
-    def propose_walk(
-        self, last_token: int, n: int, *, temperature: float, u: torch.Tensor
-    ) -> tuple[list[int], torch.Tensor]:
-        """n drafts sampled at `temperature` with uniforms u [n] -> (tokens, q [n, V]: row i the distribution
-        draft i was drawn from given drafts 0..i-1)."""
-        qs: list[torch.Tensor] = []
-
-        def sample(logits: torch.Tensor, i: int) -> torch.Tensor:
-            qs.append((logits.float() / temperature).softmax(-1))  # [1, K]
-            return sample_from(qs[-1], u[i : i + 1].to(qs[-1].device))
-
-        tokens = self._ids(self._chain(last_token, n, sample))
-        return tokens, self._dense(torch.cat(qs) if qs else torch.zeros(0, self.cfg.draft_vocab_size))
-
-    def _dense(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        """[n, K] over the draft vocabulary -> [n, V] (`fill` elsewhere), on the CPU."""
-        x = x.float().cpu()
-        if self.rows is None:
-            return x
-        return x.new_full((x.shape[0], self.vocab_size), fill).index_copy_(1, self.rows.cpu(), x)
-
-    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
-        """A tree of the greedy chain's candidates, best first by path probability: level j holds the
-        likeliest tokens of the chain's distribution at depth j (the distribution given the greedy drafts
-        before it, taken as that of every parent: `specdec.tree.best_first`)."""
-        rows: list[torch.Tensor] = []
-
-        def greedy(logits: torch.Tensor, i: int) -> torch.Tensor:
-            rows.append(logits)
-            return logits.argmax(-1)
-
-        self._chain(last_token, depth, greedy)
-        logits = torch.cat(rows) if rows else torch.zeros(0, self.cfg.draft_vocab_size)
-        return best_first(last_token, self._dense(logits, float("-inf")), budget)
-
-    def memory_probe(self) -> MemoryProbe:
-        from specdec.memory import probe_for_module
-
-        return probe_for_module(self.model)

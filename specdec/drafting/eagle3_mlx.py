@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from specdec.bridges.mlx import embed_scale, text_model
+from specdec.drafting.chain import ChainRows
 from specdec.drafting.eagle3_config import Eagle3Config, check_eagle3, draft_vocab, load_eagle3_weights
 from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
@@ -175,7 +176,7 @@ class MLXEagle3Model(nn.Module):
         return self.lm_head(normed), normed if self.cfg.norm_output else out
 
 
-class MLXEagle3Drafter:
+class MLXEagle3Drafter(ChainRows):
     """The `Drafter` protocol over `MLXEagle3Model` for an `MLXVerifier`, as `eagle3.Eagle3Drafter`."""
 
     runtime = "mlx"
@@ -262,27 +263,16 @@ class MLXEagle3Drafter:
             raise ValueError(
                 f"features must be [{len(tokens)}, {self.feature_dim}], got {list(features.shape)}"
             )
-        if not tokens:
-            return
-        if self._tail is not None and tokens[0] != self._tail:
-            self._cache.length -= 1
-        self._tail = None
-        self._tokens += tokens
-        mx.eval(features)  # a lazy slice of this thread's arrays: another thread may fuse it
-        self._pending.append(features)
+        if tokens:
+            self._commit(tokens, self._cache)
+            mx.eval(features)  # a lazy slice of this thread's arrays: another thread may fuse it
+            self._pending.append(features)
 
     def rollback(self, n: int) -> None:
-        L = len(self._tokens)
-        if not 0 <= n <= L:
-            raise ValueError(f"cannot roll back {n} positions: the drafter holds {L}")
-        if n == 0:
-            return
-        self._fuse()
-        mx.eval(self._fused)
-        del self._tokens[L - n :]
-        self._n_fused = L - n
-        self._cache.length = min(self._cache.length, max(L - n - 1, 0))
-        self._tail = None
+        if self._check_rollback(n):
+            self._fuse()
+            mx.eval(self._fused)
+            self._uncommit(n, self._cache)
 
     def _fuse(self) -> None:
         if not self._pending:

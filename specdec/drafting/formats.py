@@ -128,7 +128,10 @@ def refuse_as_drafter(
     where += f" holds {fmt.describe()}"
     as_model = f"to draft with it token by token, pass --drafter model:{folder}"
     if fmt.kind == "model-with-mtp":
-        raise ValueError(f"{where}, not a drafter checkpoint: its MTP layers are not read yet; {as_model}")
+        raise ValueError(
+            f"{where}, not a drafter checkpoint: to draft with its MTP layers, load it as --model and pass "
+            f"--drafter mtp (HF verifier); {as_model}"
+        )
     if fmt.kind == "pard":
         raise ValueError(f"{where}; to draft with it (a block per forward), pass --drafter model:{folder}")
     if fmt.kind == "causal-lm":

@@ -70,7 +70,12 @@ def check_drafter_fits(plan: DrafterPlan, target: Any, *, target_folder: Path | 
     vocabulary and, where both folders are on disk (`target_folder`), its tokenizer."""
     if target is None:
         return
-    if plan.spec.kind == "model":
+    if plan.spec.base.kind == "mtp":
+        if target_folder is not None:
+            from specdec.drafting.mtp import check_mtp_folder
+
+            check_mtp_folder(target_folder)
+    elif plan.spec.kind == "model":
         from specdec.drafting.model import check_draft_model_fits
 
         check_draft_model_fits(plan.spec.source, target, folder=target_folder)
@@ -147,6 +152,10 @@ def _load_base(
             spec.source, verifier=verifier, runtime=runtime, device=device, policy=policy,
             dtype=str(torch_dtype(dtype)).removeprefix("torch."), block_size=block_size or MODEL_BLOCK_SIZE,
         )  # fmt: skip
+    elif spec.kind == "mtp":
+        from specdec.drafting.mtp import MtpDrafter
+
+        drafter = MtpDrafter.for_verifier(verifier, policy=policy, block_size=block_size)
     elif spec.kind == "prompt-lookup":
         from specdec.drafting.lookup import PromptLookupDrafter
 

@@ -3,6 +3,7 @@
 none                      the autoregressive baseline (no drafter)
 prompt-lookup             drafts what follows the last match of the recent tokens in the text so far
 model:<folder|name|id>    a small causal LM of the verifier's tokenizer, drafting token by token
+mtp                       the verifier's own multi-token-prediction layers (`specdec.drafting.mtp`)
 <checkpoint>              a drafter checkpoint: bundled:<model>, a folder, or a hub repo id; what it is
                           comes from its config.json (`specdec.drafting.registry`)
 any of the last two + "+lookup": prompt lookup where the text repeats, that drafter elsewhere
@@ -16,13 +17,13 @@ from pathlib import Path
 __all__ = ["DrafterSpec"]
 
 LOOKUP_SUFFIX = "+lookup"
-KINDS = ("none", "prompt-lookup", "model", "checkpoint")
+KINDS = ("none", "prompt-lookup", "model", "mtp", "checkpoint")
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """`text` as given; `kind` one of "none", "prompt-lookup", "model", "checkpoint"; `source` what follows
-    "model:" or the checkpoint's name as given; `lookup`: the "+lookup" mix around it."""
+    """`text` as given; `kind` one of `KINDS`; `source` what follows "model:" or the checkpoint's name as
+    given; `lookup`: the "+lookup" mix around it."""
 
     text: str
     kind: str
@@ -47,6 +48,8 @@ class DrafterSpec:
                     f"drafter {text!r}: '+lookup' goes after a drafter checkpoint or a draft model"
                 )
             return cls(text, base)
+        if base == "mtp":
+            return cls(text, "mtp", "", lookup)
         if base.startswith("model:"):
             if not base.removeprefix("model:"):
                 raise ValueError(

@@ -1,0 +1,196 @@
+"""`--drafter mtp`: the verifier's own multi-token-prediction layers as its drafter (Qwen3.5 / Qwen3.6 /
+Qwen3-Next checkpoints ship them: `mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`,
+`mtp.layers.0.*`, `mtp.norm`).
+
+Row r of the MTP layer pairs the embedding of the token at position r + 1 with the verifier's hidden state
+at position r after its final norm (what transformers 5.25 hands its MTP layers: `hidden_states[-1]`,
+the normed output on Qwen3.5, and what vLLM's Qwen3-Next MTP reads): `fc(concat(norm_e(emb), norm_h(h)))`
+through one decoder layer of the model's own full-attention kind (MoE where the model is), `mtp.norm`, and
+the model's LM head give the token at r + 2; a chain feeds each row's normed output back with the token
+just drafted, so k drafts reuse the one layer k times (as vLLM does). The rows and their rollback are
+`chain.ChainDrafter`'s; the layer is transformers' own `MtpModel`, loaded from the checkpoint's
+safetensors (transformers' loader drops `mtp.*` from the model itself), with its own attention cache.
+
+On the HF verifier (PyTorch). The MLX verifier is refused in one line for now: mlx_lm's qwen3_5 loader
+drops the `mtp.*` weights and has no layer to run them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.drafting.chain import ChainDrafter
+from specdec.drafting.policy import DraftPolicy
+from specdec.protocols import MemoryProbe
+
+__all__ = ["MTP_BLOCK_SIZE", "MtpDrafter", "check_mtp_folder", "mtp_layer_count"]
+
+#: drafts per step + 1 unless --block-size says: one layer chained on its own outputs drifts, so short
+MTP_BLOCK_SIZE = 4
+_COUNTS = ("mtp_num_hidden_layers", "num_mtp_layers", "num_nextn_predict_layers")
+
+
+def mtp_layer_count(raw: dict[str, Any]) -> int:
+    """The MTP layers a model config names (its text config's or its own; 0: none)."""
+    for c in (raw.get("text_config") or {}, raw):
+        for k in _COUNTS:
+            if isinstance(c.get(k), int) and c[k] > 0:
+                return c[k]
+    return 0
+
+
+def _weight_names(folder: Path) -> list[str]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return list(json.loads(index.read_text()).get("weight_map", {}))
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                names += list(h.keys())
+        except Exception as e:  # safetensors' errors of a truncated or foreign file
+            raise ValueError(f"cannot read {str(f)!r} (truncated or not safetensors): {e}") from None
+    return names
+
+
+def check_mtp_folder(folder: str | Path) -> int:
+    """Before any weights load: the model folder's config names MTP layers and its weights hold them, as
+    many as it names; the count, or a one-line ValueError saying what is missing."""
+    from specdec.models import read_config
+
+    folder = Path(folder)
+    raw = read_config(folder) or {}
+    n = mtp_layer_count(raw)
+    if not n:
+        raise ValueError(
+            f"--drafter mtp: {folder.name!r} has no MTP layers (its config names none: "
+            f"{' / '.join(_COUNTS)}); use another drafter"
+        )
+    names = [k.removeprefix("model.language_model.").removeprefix("model.") for k in _weight_names(folder)]
+    layers = {k.split(".")[2] for k in names if k.startswith("mtp.layers.")}
+    if not any(k.startswith("mtp.") for k in names):
+        raise ValueError(
+            f"--drafter mtp: {folder.name!r} names {n} MTP layer(s) but its weights hold no mtp.* tensors (a "
+            "conversion that dropped them); use the original checkpoint"
+        )
+    if len(layers) != n or not {"mtp.fc.weight", "mtp.norm.weight"} <= set(names):
+        raise ValueError(
+            f"--drafter mtp: {folder.name!r} names {n} MTP layer(s), its weights hold {len(layers)} "
+            "(mtp.layers.*) and the fc / norm they need only in part"
+        )
+    text = raw.get("text_config") or raw
+    full = [i for i, t in enumerate(text.get("layer_types") or []) if t == "full_attention"]
+    if full:  # an MTP layer is a full-attention layer of the model's own kind: the same weights
+        want = {k.split(".", 2)[2] for k in names if k.startswith(f"layers.{full[-1]}.")}
+        have = {k.split(".", 3)[3] for k in names if k.startswith("mtp.layers.0.")}
+        if want - have:
+            raise ValueError(
+                f"--drafter mtp: {folder.name!r}'s mtp.layers.0 lacks {sorted(want - have)[:3]} of a "
+                "full-attention layer of the model"
+            )
+    return n
+
+
+class _Cache:
+    """transformers' `MtpCache` behind the settable `length` `ChainDrafter` moves."""
+
+    def __init__(self, config: Any) -> None:
+        from transformers.cache_utils import MtpCache
+
+        self.hf = MtpCache(config=config)
+
+    @property
+    def length(self) -> int:
+        return self.hf.get_seq_length()
+
+    @length.setter
+    def length(self, n: int) -> None:
+        if n < self.length:
+            self.hf.crop(n - self.length)  # transformers 5.25: the (negative) count to remove
+
+
+class _Net:
+    """The MTP layer 0 of transformers' `MtpModel` as a chain network (`chain.ChainDrafter`)."""
+
+    def __init__(self, mtp: Any, final_norm: Any) -> None:
+        self.mtp, self.final_norm = mtp, final_norm
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """The last decoder layer's outputs [n, H] -> the verifier's final-normed hidden states [n, H]."""
+        return self.final_norm(features)
+
+    def rows(self, cache: _Cache, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        start, T = cache.length, emb.shape[0]
+        pos = torch.arange(start + 1, start + 1 + T, device=emb.device)[None]  # row r: position r + 1
+        out = self.mtp.forward_layer(0, hidden[None], pos, cache.hf, inputs_embeds=emb[None])
+        return out[0]
+
+    def readout(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.mtp._project_to_logits(out), out  # the layer's post norm is in `out` already
+
+
+class MtpDrafter(ChainDrafter):
+    """The verifier's MTP layers as a `ChainDrafter` (module docstring). Built by `for_verifier`."""
+
+    @classmethod
+    def for_verifier(
+        cls, verifier: Any, *, policy: DraftPolicy | None = None, block_size: int | None = None
+    ) -> MtpDrafter:
+        """The MTP drafter of an HF verifier whose checkpoint folder holds MTP layers (checked first)."""
+        if verifier.runtime != "hf":
+            raise ValueError(
+                f"--drafter mtp runs on the HF verifier only for now (the {verifier.runtime} verifier's "
+                "loader drops the mtp.* weights); use --verifier hf"
+            )
+        main = verifier.model
+        n = check_mtp_folder(Path(main.config.name_or_path))
+        text = main.config.get_text_config()
+        text.num_mtp_layers = n  # what transformers' MtpModel reads (real configs say mtp_num_hidden_layers)
+        if getattr(text, "layer_types", None) is not None:
+            text.mtp_layer_types = ["full_attention"] * n
+        if getattr(text, "mlp_layer_types", None) is not None:
+            text.mtp_mlp_layer_types = [text.mlp_layer_types[-1]] * n
+        from transformers.modeling_layers import MtpModel
+        from transformers.utils import logging as hf_logging
+
+        device, dtype, level = main.device, main.dtype, hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # its load report lists the model's own weights as unexpected
+        try:
+            mtp = MtpModel.from_pretrained(main, device_map={"": device}).eval().requires_grad_(False)
+        finally:
+            hf_logging.set_verbosity(level)
+        H, N = verifier.hidden_size, verifier.num_layers
+        d = cls(
+            _Net(mtp, main.get_decoder().norm), _Cache(mtp.config), name="mtp", policy=policy,
+            block_size=block_size or MTP_BLOCK_SIZE, hidden_size=H, vocab_size=verifier.vocab_size,
+            draft_vocab_size=verifier.vocab_size, feature_dim=H, target_layer_ids=(N - 1,), device=device,
+            dtype=dtype,
+        )  # fmt: skip
+        d.mtp_layers, d.verifier = n, verifier
+        return d
+
+    def bind(self, verifier: Any) -> None:
+        if verifier is not self.verifier:
+            raise ValueError("an MTP drafter drafts for the verifier whose layers it is (built with it)")
+        self.embed_fn = verifier.embed_fn(device=self.device, dtype=self.dtype)
+        self.reset()
+
+    def describe(self) -> dict[str, Any]:
+        """For the result JSON: the MTP layers, that one is chained, the cut."""
+        return {
+            "architecture": "mtp",
+            "mtp_layers": self.mtp_layers,
+            "chained_layer": 0,
+            **self.policy.describe(),
+        }
+
+    def memory_probe(self) -> MemoryProbe:
+        from specdec.memory import probe_for_module
+
+        return probe_for_module(self.model.mtp)

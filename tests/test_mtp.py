@@ -1,0 +1,121 @@
+"""`--drafter mtp` (`specdec.drafting.mtp`): the verifier's own MTP layers on tiny Qwen3.5 (dense, MoE,
+multimodal checkpoint) and Qwen3-Next models with MTP weights as the real checkpoints ship them. Drafts and
+logits equal transformers 5.25's own MTP layer (`MtpModel`) recomputed from scratch at every depth on the
+main model's own normed hidden states, through accept-all / accept-none / partial steps and rollbacks;
+output equals transformers' greedy generation; seeded T > 0 match; multi-turn reuse; a model without MTP
+layers, a conversion that dropped them and the MLX verifier are one line before anything loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+import parity
+import tinymodels
+from drafters import assert_turns_equal_fresh_runs, scripted_steps
+
+from specdec.api import load_drafter
+from specdec.drafting.mtp import MtpDrafter
+from specdec.engine import DecodeConfig, generate
+from specdec.sampling import SamplingParams
+from specdec.verifiers.hf import HFVerifier
+
+PROMPT = [(7 * i) % 250 + 5 for i in range(24)]
+
+
+def run(v, drafter=None, *, n: int = 24, block: int = 4, prompt=PROMPT, sampling=None):
+    cfg = DecodeConfig(max_new_tokens=n, block_size=block if drafter else 1, stop_token_ids=frozenset(),
+                       sampling=sampling)  # fmt: skip
+    return generate(v, prompt, drafter=drafter, cfg=cfg)
+
+
+MAKERS = {
+    "qwen3_5": lambda p: tinymodels.tiny_qwen3_5(p, multimodal=False),
+    "qwen3_5_moe": lambda p: tinymodels.tiny_qwen3_5(p, moe=True, multimodal=False),
+    "qwen3_5_multimodal": tinymodels.tiny_qwen3_5,
+    "qwen3_next": tinymodels.tiny_qwen3_next,
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("mtp")
+    return {k: tinymodels.add_mtp(make(root / k)) for k, make in MAKERS.items()}
+
+
+def transformers_reference(v: HFVerifier):
+    """Drafts by transformers' own MTP layer, a second `MtpModel` loaded from the checkpoint, recomputed
+    from an empty `MtpCache` at every depth on the main model's own `hidden_states[-1]` (normed)."""
+    from transformers.cache_utils import MtpCache
+    from transformers.modeling_layers import MtpModel
+
+    mtp = MtpModel.from_pretrained(v.model).eval()
+
+    @torch.no_grad()
+    def ref(tokens, feats, last, k):
+        hs = v.model(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1]  # [1, L, H]
+        ids, drafts, logits = [*tokens[1:], last], [], []
+        for _ in range(k):
+            cache = MtpCache(config=mtp.config)
+            pos = torch.arange(1, hs.shape[1] + 1)[None]
+            out = mtp.forward_layer(0, hs, pos, cache, input_ids=torch.tensor([ids]))
+            lg = mtp._project_to_logits(out[:, -1])[0]
+            drafts.append(int(lg.argmax()))
+            logits.append(lg)
+            hs, ids = torch.cat([hs, out[:, -1:]], 1), [*ids, drafts[-1]]
+        return drafts, torch.stack(logits)  # the main model ran on a cache of its own, not the verifier's
+
+    return ref
+
+
+@pytest.mark.parametrize("fam", list(MAKERS))
+def test_drafts_equal_transformers_mtp_layer(folders, fam):
+    v = HFVerifier(folders[fam])
+    d = load_drafter("mtp", verifier=v, block_size=5)
+    assert isinstance(d, MtpDrafter) and d.target_layer_ids == (v.num_layers - 1,)
+    scripted_steps(d, v, transformers_reference(v), prompt=PROMPT)
+
+
+@pytest.mark.parametrize("fam", ["qwen3_5", "qwen3_next"])
+def test_output_is_greedy_sampled_match_and_turns(folders, fam):
+    v = HFVerifier(folders[fam])
+    d = load_drafter("mtp", verifier=v)
+    own = parity.runtime_generate(v.model, PROMPT, 24)
+    assert run(v, d, block=4).output_tokens == own
+    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
+    assert run(v, d, block=4, sampling=match).output_tokens == run(v, sampling=match).output_tokens
+    cut = load_drafter("mtp+lookup", verifier=v, min_confidence=0.5)
+    assert run(v, cut, block=4).output_tokens == own
+    assert_turns_equal_fresh_runs(v, d, PROMPT, lambda ids: run(v, prompt=ids, n=12).output_tokens)
+    assert d.describe()["mtp_layers"] == 1
+
+
+def test_refusals_before_anything_loads(folders, tmp_path, capsys, monkeypatch):
+    from specdec.cli import main
+
+    plain = tinymodels.tiny_tokenizer(tinymodels.tiny_qwen3(tmp_path / "plain"))
+    dropped = tinymodels.tiny_tokenizer(tinymodels.tiny_qwen3_5(tmp_path / "dropped", multimodal=False))
+    raw = json.loads((dropped / "config.json").read_text())
+    (dropped / "config.json").write_text(json.dumps({**raw, "mtp_num_hidden_layers": 1}))
+
+    def no_load(*a, **kw):
+        raise AssertionError("the verifier loaded before the drafter was checked")
+
+    monkeypatch.setattr(HFVerifier, "__init__", no_load)
+    for folder, says in ((plain, "has no MTP layers"), (dropped, "its weights hold no mtp.* tensors")):
+        rc = main(
+            ["generate", "--verifier", "hf", "--model", str(folder), "--drafter", "mtp", "--prompt", "x"]
+        )
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.startswith("error:") or "Traceback" in ln]
+        assert rc == 2 and len(lines) == 1 and says in lines[0], err
+    monkeypatch.undo()
+    pytest.importorskip("mlx_lm")
+    from specdec.verifiers.mlx import MLXVerifier
+
+    with pytest.raises(ValueError, match="runs on the HF verifier only for now"):
+        load_drafter("mtp", verifier=MLXVerifier(folders["qwen3_5"]))
