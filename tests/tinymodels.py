@@ -207,30 +207,10 @@ def tiny_gpt_oss(path: Path, *, seed: int = 0, sliding_window: int = 16) -> Path
     return _save(model, path)
 
 
-def add_mtp(path: Path, *, seed: int = 0) -> Path:
-    """Give a tiny Qwen3.5 / Qwen3-Next folder one MTP layer as the real checkpoints ship it: `mtp.fc`,
-    `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.layers.0.*` (a full-attention decoder layer
-    of the model's kind: its last full-attention layer's weights, perturbed) and `mtp.norm`; the config
-    names it as the real ones do (`mtp_num_hidden_layers`)."""
-    import torch
-    from safetensors.torch import load_file, save_file
 
-    g = torch.Generator().manual_seed(seed)
-    f = path / "model.safetensors"
-    sd = load_file(str(f))
-    cfg = json.loads((path / "config.json").read_text())
-    text = cfg.get("text_config", cfg)
-    full = max(i for i, t in enumerate(text["layer_types"]) if t == "full_attention")
-    prefix = next(p for p in ("model.language_model.", "model.") if any(k.startswith(p) for k in sd))
-    src = f"{prefix}layers.{full}."
-    H = text["hidden_size"]
-    for k, v in list(sd.items()):
-        if k.startswith(src):
-            sd["mtp.layers.0." + k[len(src) :]] = (v + 0.02 * torch.randn(v.shape, generator=g)).contiguous()
-    sd["mtp.fc.weight"] = torch.randn(H, 2 * H, generator=g) * (2 * H) ** -0.5
-    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        sd[f"mtp.{n}.weight"] = 0.1 * torch.randn(H, generator=g)
-    save_file(sd, str(f))
-    text["mtp_num_hidden_layers"] = 1
-    (path / "config.json").write_text(json.dumps(cfg, indent=1))
-    return path
+def add_mtp(path: Path, *, seed: int = 0) -> Path:
+    """Give a tiny Qwen3.5 / Qwen3-Next folder one MTP layer as the real checkpoints ship it
+    (`specdec.evals.mtp_cost.add_mtp_layers`)."""
+    from specdec.evals.mtp_cost import add_mtp_layers
+
+    return add_mtp_layers(path, seed=seed)
