@@ -19,7 +19,7 @@ import tinymodels
 from drafters import assert_turns_equal_fresh_runs, scripted_steps
 
 from specdec.api import load_drafter
-from specdec.drafting.mtp import MtpDrafter
+from specdec.drafting.mtp import MtpDrafter, load_mtp_model
 from specdec.engine import DecodeConfig, generate
 from specdec.sampling import SamplingParams
 from specdec.verifiers.hf import HFVerifier
@@ -51,9 +51,8 @@ def transformers_reference(v: HFVerifier):
     """Drafts by transformers' own MTP layer, a second `MtpModel` loaded from the checkpoint, recomputed
     from an empty `MtpCache` at every depth on the main model's own `hidden_states[-1]` (normed)."""
     from transformers.cache_utils import MtpCache
-    from transformers.modeling_layers import MtpModel
 
-    mtp = MtpModel.from_pretrained(v.model).eval()
+    mtp = load_mtp_model(v.model, 1)
 
     @torch.no_grad()
     def ref(tokens, feats, last, k):
@@ -78,6 +77,32 @@ def test_drafts_equal_transformers_mtp_layer(folders, fam):
     d = load_drafter("mtp", verifier=v, block_size=5)
     assert isinstance(d, MtpDrafter) and d.target_layer_ids == (v.num_layers - 1,)
     scripted_steps(d, v, transformers_reference(v), prompt=PROMPT)
+
+
+@pytest.mark.parametrize("fam", list(MAKERS))
+def test_mlx_drafts_equal_transformers_mtp_layer(folders, fam):
+    """On the MLX verifier (mlx_lm drops the mtp.* weights; the layer is built from its own layer class):
+    the same drafts and logits (to 1e-4) as transformers' MTP layer on transformers' hidden states."""
+    pytest.importorskip("mlx_lm")
+    from specdec.drafting.mtp_mlx import MLXMtpDrafter
+    from specdec.verifiers.mlx import MLXVerifier
+
+    v = MLXVerifier(folders[fam])
+    d = load_drafter("mtp", verifier=v, block_size=5)
+    assert isinstance(d, MLXMtpDrafter) and d.runtime == "mlx"
+    scripted_steps(d, v, transformers_reference(HFVerifier(folders[fam])), prompt=PROMPT)
+
+
+def test_mlx_output_is_mlx_lms_own_greedy_and_turns(folders):
+    pytest.importorskip("mlx_lm")
+    from specdec.verifiers.mlx import MLXVerifier
+
+    v = MLXVerifier(folders["qwen3_5"])
+    d = load_drafter("mtp", verifier=v)
+    assert run(v, d).output_tokens == parity.mlx_lm_greedy(v, PROMPT, 24)
+    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
+    assert run(v, d, sampling=match).output_tokens == run(v, sampling=match).output_tokens
+    assert_turns_equal_fresh_runs(v, d, PROMPT, lambda ids: run(v, prompt=ids, n=12).output_tokens)
 
 
 @pytest.mark.parametrize("fam", ["qwen3_5", "qwen3_next"])
@@ -117,5 +142,43 @@ def test_refusals_before_anything_loads(folders, tmp_path, capsys, monkeypatch):
     pytest.importorskip("mlx_lm")
     from specdec.verifiers.mlx import MLXVerifier
 
-    with pytest.raises(ValueError, match="runs on the HF verifier only for now"):
-        load_drafter("mtp", verifier=MLXVerifier(folders["qwen3_5"]))
+    with pytest.raises(ValueError, match=r"its weights hold no mtp\.\* tensors"):  # an MLX conversion's loss
+        load_drafter("mtp", verifier=MLXVerifier(dropped))
+
+
+def test_first_block_equals_mlx_vlm(folders):
+    """mlx-vlm 0.7.10's `qwen3_5_mtp` drafter, fed the verifier's final-normed hidden states, drafts the
+    same first block. (Past it, mlx-vlm keeps the K/V of accepted chain rows, computed from its own
+    predicted hidden states rather than the verifier's, so later blocks may differ by design; specdec
+    recomputes them as transformers does, tested above.)"""
+    pytest.importorskip("mlx_vlm")
+    import mlx.core as mx
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp.config import Qwen3_5MTPConfig
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp.qwen3_5_mtp import Qwen3_5MTPDraftModel
+
+    from specdec.bridges.mlx import text_model
+    from specdec.verifiers.mlx import MLXVerifier
+
+    folder = folders["qwen3_5_multimodal"]
+    text = json.loads((folder / "config.json").read_text())["text_config"]
+    # mlx-vlm asks for the multimodal RoPE sections real configs carry; on text they are plain RoPE
+    text["rope_parameters"] = {
+        **text["rope_parameters"],
+        "mrope_section": [1, 1, 0],
+        "mrope_interleaved": True,
+    }
+    peer = Qwen3_5MTPDraftModel(Qwen3_5MTPConfig.from_dict({"text_config": text}))
+    weights = {k: v for k, v in mx.load(str(folder / "model.safetensors")).items() if k.startswith("mtp.")}
+    peer.load_weights(list(peer.sanitize(weights).items()), strict=True)
+    v = MLXVerifier(folder)
+    peer.reset(v.model)
+    d = load_drafter("mtp", verifier=v, block_size=5)
+    v.reset()
+    v.set_target_layers(d.target_layer_ids)
+    last = v.prefill(PROMPT)
+    feats = v.native_features(len(PROMPT))
+    d.reset()
+    d.extend(feats, PROMPT)
+    normed = text_model(v.model).model.norm(feats)
+    peer.prefill_from_target_hidden(mx.array([PROMPT]), normed[None], last, None, greedy=True)
+    assert d.propose(last, 4) == peer.draft_block(last, None, None, 5, None, greedy=True)[0].tolist()

@@ -207,7 +207,6 @@ def tiny_gpt_oss(path: Path, *, seed: int = 0, sliding_window: int = 16) -> Path
     return _save(model, path)
 
 
-
 def add_mtp(path: Path, *, seed: int = 0) -> Path:
     """Give a tiny Qwen3.5 / Qwen3-Next folder one MTP layer as the real checkpoints ship it
     (`specdec.evals.mtp_cost.add_mtp_layers`)."""

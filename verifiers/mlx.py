@@ -125,6 +125,7 @@ class MLXVerifier:
     """Verifier protocol over an mlx_lm model (see module docstring)."""
 
     runtime = "mlx"
+    path: Path | None = None  # the folder it was loaded from, where it was (`from_model`: none)
 
     def __init__(
         self,
@@ -150,6 +151,7 @@ class MLXVerifier:
         self._setup(model, config, tokenizer=tokenizer, name=str(path_or_repo), dtype=dtype,
                     max_context=max_context, prefill_chunk=prefill_chunk,
                     recast_quantized=recast_quantized)  # fmt: skip
+        self.path: Path | None = path  # the folder it was loaded from (`--drafter mtp` reads it again)
 
     @classmethod
     def from_model(

@@ -50,6 +50,15 @@ __all__ = ["MLXDFlashDrafter", "MLXDFlashModel"]
 _TORCH = {mx.float32: torch.float32, mx.bfloat16: torch.bfloat16, mx.float16: torch.float16}
 
 
+def sample_rows(q: mx.array, u: float) -> mx.array:
+    """One draw from each row of q [B, V] with the uniform u, by inverse CDF as `specdec.sampling.sample_from`
+    (a zero-probability id never comes out) -> ids [B], lazy. The MLX drafters' sampled walks draw here."""
+    cdf = mx.cumsum(q, axis=-1)
+    idx = mx.minimum(mx.sum(cdf <= u * cdf[:, -1:], axis=-1), q.shape[-1] - 1)
+    zero = mx.take_along_axis(q, idx[:, None], axis=-1)[:, 0] == 0
+    return mx.where(zero, mx.argmax(q, axis=-1), idx)
+
+
 class _Attention(nn.Module):
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
@@ -485,12 +494,8 @@ class MLXDFlashDrafter:
             e = m.markov_w1(prev)  # [1, r]
             logits = (base[i : i + 1] + m.markov_w2(e)).astype(mx.float32)  # [1, V]
             if temperature > 0:
-                q = mx.softmax(logits / temperature, axis=-1)
-                qs.append(q)
-                cdf = mx.cumsum(q, axis=-1)
-                idx = mx.minimum(mx.sum(cdf <= u[i] * cdf[:, -1:], axis=-1), q.shape[-1] - 1)
-                zero = mx.take_along_axis(q, idx[:, None], axis=-1)[:, 0] == 0
-                tok = mx.where(zero, mx.argmax(q, axis=-1), idx)
+                qs.append(mx.softmax(logits / temperature, axis=-1))
+                tok = sample_rows(qs[-1], u[i])
             else:
                 tok = mx.argmax(logits, axis=-1)
             if ch is not None:

@@ -20,14 +20,11 @@ import numpy as np
 import torch
 
 from specdec.bridges.mlx import embed_scale, text_model
-from specdec.drafting.chain import ChainRows
+from specdec.drafting.chain_mlx import MLXChainProposals
 from specdec.drafting.eagle3_config import Eagle3Config, check_eagle3, draft_vocab, load_eagle3_weights
 from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
 from specdec.kernels import MAX_VERIFY_TOKENS
-from specdec.memory import mlx_probe
-from specdec.protocols import MemoryProbe
-from specdec.tree import TREE_TOPK, Tree, TreeBudget, best_first_of
 from specdec.verifiers.mlx import MLX_DTYPES
 
 __all__ = ["MLXEagle3Drafter", "MLXEagle3Model"]
@@ -176,11 +173,8 @@ class MLXEagle3Model(nn.Module):
         return self.lm_head(normed), normed if self.cfg.norm_output else out
 
 
-class MLXEagle3Drafter(ChainRows):
+class MLXEagle3Drafter(MLXChainProposals):
     """The `Drafter` protocol over `MLXEagle3Model` for an `MLXVerifier`, as `eagle3.Eagle3Drafter`."""
-
-    runtime = "mlx"
-    walks = True
 
     def __init__(
         self, model: MLXEagle3Model, *, name: str = "eagle3-mlx", policy: DraftPolicy | None = None,
@@ -191,6 +185,7 @@ class MLXEagle3Drafter(ChainRows):
         self.block_size = min(block_size or cfg.block_size, MAX_VERIFY_TOKENS)
         self.target_layer_ids = cfg.target_layer_ids if cfg.aux_layer_ids else ()
         self.feature_dim, self.vocab_size = cfg.feature_dim, cfg.vocab_size
+        self.draft_vocab_size = cfg.draft_vocab_size
         self.device = torch.device("cpu")  # the protocol's torch device: unused, nothing crosses to torch
         self.dtype = _TORCH[model.fc.weight.dtype]
         self.path: str | None = None
@@ -245,10 +240,6 @@ class MLXEagle3Drafter(ChainRows):
             table, scale = text_model(verifier.model).model.embed_tokens, embed_scale(verifier.model)
             self._embed = table if scale is None else (lambda ids: table(ids) * scale)
         self.reset()
-
-    @property
-    def context_len(self) -> int:
-        return len(self._tokens)
 
     def reset(self) -> None:
         self._cache.length = 0
@@ -310,70 +301,3 @@ class MLXEagle3Drafter(ChainRows):
 
     def _sync(self, *arrays: mx.array) -> None:
         mx.eval(*arrays, self._cache.arrays(), self._fused)  # the one sync of a proposal
-
-    def _ids(self, cols: mx.array) -> mx.array:
-        return cols if self.rows is None else self.rows[cols]
-
-    def propose(self, last_token: int, n: int) -> list[int]:
-        """Up to n greedy drafts after `last_token`, cut by the draft policy (`DraftPolicy.block_cut`)."""
-        if not 0 <= n < self.block_size:
-            raise ValueError(f"can propose 0..{self.block_size - 1} tokens per step, asked for {n}")
-        cut, tops = self.policy.needs_confidence("dflash"), []
-
-        def greedy(logits: mx.array, i: int) -> mx.array:
-            if cut:
-                tops.append(mx.max(mx.softmax(logits, axis=-1), axis=-1))
-            return mx.argmax(logits, axis=-1)
-
-        ids = self._ids(self._chain(last_token, n, greedy))
-        top = mx.concatenate(tops) if tops else None
-        self._sync(ids, *(() if top is None else (top,)))
-        return self.policy.block_cut(ids.tolist(), None if top is None else top.tolist())
-
-    def propose_walk(
-        self, last_token: int, n: int, *, temperature: float, u: torch.Tensor
-    ) -> tuple[list[int], torch.Tensor]:
-        """n drafts sampled at `temperature` with uniforms u [n] -> (tokens, q [n, V]) (`SampledWalk`)."""
-        us, qs = u.tolist(), []
-
-        def sample(logits: mx.array, i: int) -> mx.array:  # inverse CDF, as `specdec.sampling.sample_from`
-            q = mx.softmax(logits / temperature, axis=-1)  # [1, K]
-            qs.append(q)
-            cdf = mx.cumsum(q, axis=-1)
-            idx = mx.minimum(mx.sum(cdf <= us[i] * cdf[:, -1:], axis=-1), q.shape[-1] - 1)  # [1]
-            zero = mx.take_along_axis(q, idx[:, None], axis=-1)[:, 0] == 0
-            return mx.where(zero, mx.argmax(q, axis=-1), idx)
-
-        ids = self._ids(self._chain(last_token, n, sample))
-        q = mx.concatenate(qs) if qs else mx.zeros((0, self.cfg.draft_vocab_size))
-        self._sync(ids, q)
-        return ids.tolist(), self._dense(torch.tensor(np.array(q)))
-
-    def _dense(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        if self.rows is None:
-            return x
-        rows = torch.tensor(np.array(self.rows), dtype=torch.long)
-        return x.new_full((x.shape[0], self.vocab_size), fill).index_copy_(1, rows, x)
-
-    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
-        """A tree of the greedy chain's candidates, best first by path probability (as the torch drafter)."""
-        if depth == 0 or budget.nodes == 1:
-            return Tree.chain(last_token, [])
-        rows: list[mx.array] = []
-
-        def greedy(logits: mx.array, i: int) -> mx.array:
-            rows.append(logits)
-            return mx.argmax(logits, axis=-1)
-
-        self._chain(last_token, depth, greedy)
-        logits = mx.concatenate(rows)  # [depth, K]
-        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        k = min(TREE_TOPK, budget.nodes - 1, logp.shape[-1])
-        cols = mx.argsort(-logp, axis=-1)[:, :k]  # [depth, k], best first
-        top = mx.take_along_axis(logp, cols, axis=-1)
-        ids = self._ids(cols)
-        self._sync(top, ids)
-        return best_first_of(last_token, top.tolist(), ids.tolist(), budget)
-
-    def memory_probe(self) -> MemoryProbe:
-        return mlx_probe()

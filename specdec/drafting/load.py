@@ -152,10 +152,15 @@ def _load_base(
             spec.source, verifier=verifier, runtime=runtime, device=device, policy=policy,
             dtype=str(torch_dtype(dtype)).removeprefix("torch."), block_size=block_size or MODEL_BLOCK_SIZE,
         )  # fmt: skip
-    elif spec.kind == "mtp":
-        from specdec.drafting.mtp import MtpDrafter
+    elif spec.kind == "mtp":  # the layers live in the verifier's runtime: the drafter runs there
+        if verifier.runtime == "mlx":
+            from specdec.drafting.mtp_mlx import MLXMtpDrafter
 
-        drafter = MtpDrafter.for_verifier(verifier, policy=policy, block_size=block_size)
+            drafter = MLXMtpDrafter(verifier, policy=policy, block_size=block_size)
+        else:
+            from specdec.drafting.mtp import MtpDrafter
+
+            drafter = MtpDrafter.for_verifier(verifier, policy=policy, block_size=block_size)
     elif spec.kind == "prompt-lookup":
         from specdec.drafting.lookup import PromptLookupDrafter
 

@@ -11,8 +11,8 @@ just drafted, so k drafts reuse the one layer k times (as vLLM does). The rows a
 `chain.ChainDrafter`'s; the layer is transformers' own `MtpModel`, loaded from the checkpoint's
 safetensors (transformers' loader drops `mtp.*` from the model itself), with its own attention cache.
 
-On the HF verifier (PyTorch). The MLX verifier is refused in one line for now: mlx_lm's qwen3_5 loader
-drops the `mtp.*` weights and has no layer to run them.
+This module runs it beside the HF verifier (PyTorch); `mtp_mlx` beside the MLX verifier (mlx_lm's loaders
+drop the `mtp.*` weights: it reads them from the checkpoint and builds the layer from mlx_lm's own class).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from specdec.drafting.chain import ChainDrafter
 from specdec.drafting.policy import DraftPolicy
 from specdec.protocols import MemoryProbe
 
-__all__ = ["MTP_BLOCK_SIZE", "MtpDrafter", "check_mtp_folder", "mtp_layer_count"]
+__all__ = ["MTP_BLOCK_SIZE", "MtpDrafter", "check_mtp_folder", "load_mtp_model", "mtp_layer_count"]
 
 #: drafts per step + 1 unless --block-size says: one layer chained on its own outputs drifts, so short
 MTP_BLOCK_SIZE = 4
@@ -97,6 +97,27 @@ def check_mtp_folder(folder: str | Path) -> int:
     return n
 
 
+def load_mtp_model(main: Any, n: int) -> Any:
+    """transformers' `MtpModel` of the HF model `main` whose checkpoint holds n MTP layers: its config told
+    what `MtpModel` reads (real configs say `mtp_num_hidden_layers`), loaded quietly (its load report lists
+    the model's own weights as unexpected), eval, no grad."""
+    from transformers.modeling_layers import MtpModel
+    from transformers.utils import logging as hf_logging
+
+    text = main.config.get_text_config()
+    text.num_mtp_layers = n
+    if getattr(text, "layer_types", None) is not None:
+        text.mtp_layer_types = ["full_attention"] * n
+    if getattr(text, "mlp_layer_types", None) is not None:
+        text.mtp_mlp_layer_types = [text.mlp_layer_types[-1]] * n
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return MtpModel.from_pretrained(main, device_map={"": main.device}).eval().requires_grad_(False)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 class _Cache:
     """transformers' `MtpCache` behind the settable `length` `ChainDrafter` moves."""
 
@@ -145,26 +166,12 @@ class MtpDrafter(ChainDrafter):
         """The MTP drafter of an HF verifier whose checkpoint folder holds MTP layers (checked first)."""
         if verifier.runtime != "hf":
             raise ValueError(
-                f"--drafter mtp runs on the HF verifier only for now (the {verifier.runtime} verifier's "
-                "loader drops the mtp.* weights); use --verifier hf"
+                f"--drafter mtp runs on the HF and MLX verifiers, not the {verifier.runtime} one"
             )
         main = verifier.model
         n = check_mtp_folder(Path(main.config.name_or_path))
-        text = main.config.get_text_config()
-        text.num_mtp_layers = n  # what transformers' MtpModel reads (real configs say mtp_num_hidden_layers)
-        if getattr(text, "layer_types", None) is not None:
-            text.mtp_layer_types = ["full_attention"] * n
-        if getattr(text, "mlp_layer_types", None) is not None:
-            text.mtp_mlp_layer_types = [text.mlp_layer_types[-1]] * n
-        from transformers.modeling_layers import MtpModel
-        from transformers.utils import logging as hf_logging
-
-        device, dtype, level = main.device, main.dtype, hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # its load report lists the model's own weights as unexpected
-        try:
-            mtp = MtpModel.from_pretrained(main, device_map={"": device}).eval().requires_grad_(False)
-        finally:
-            hf_logging.set_verbosity(level)
+        mtp = load_mtp_model(main, n)
+        device, dtype = main.device, main.dtype
         H, N = verifier.hidden_size, verifier.num_layers
         d = cls(
             _Net(mtp, main.get_decoder().norm), _Cache(mtp.config), name="mtp", policy=policy,
