@@ -177,9 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.drafting.registry import kinds_help
 
     epilog = (
-        "--drafter takes none, prompt-lookup, model:<folder | name | hub id> (a draft model), or a drafter "
-        f"checkpoint (bundled:<model>, a folder, a hub id) of a kind specdec reads: {kinds_help()}; "
-        "any but none and prompt-lookup with +lookup"
+        "--drafter takes none, prompt-lookup, model:<folder | name | hub id> (a draft model; a PARD model "
+        "drafts a block per forward), mtp (the model's own MTP layers), or a drafter checkpoint "
+        f"(bundled:<model>, a folder, a hub id) of a kind specdec reads: {kinds_help()}; any but none and "
+        "prompt-lookup with +lookup"
     )
     p = Parser(prog="specdec", description=__doc__, epilog=epilog)
     sub = p.add_subparsers(dest="command", required=True)
