@@ -531,13 +531,15 @@ def resolve_model(arg: str | Path, *, progress: bool = True) -> Path | str:
 
 
 #: what a hub drafter download may fetch: the public DFlash format, nothing executable
-DRAFTER_FILES = ("config.json", "*.safetensors")
+#: what a drafter repo id fetches: configs and weights only (yuhuili's EAGLE-3 checkpoints ship a
+#: pytorch_model.bin, read with torch.load(weights_only=True): no pickled code runs)
+DRAFTER_FILES = ("config.json", "*.safetensors", "pytorch_model.bin")
 
 
 def resolve_drafter(spec: str, *, revision: str | None = None) -> Path:
     """A drafter folder for `spec`: an existing local folder, or a hub repo id (`owner/name`, e.g. a z-lab
-    DFlash repo) downloaded with huggingface_hub into its cache, only config.json and *.safetensors (no
-    remote code is ever run: the public format is weights and a config). Works offline once cached: the
+    DFlash repo) downloaded with huggingface_hub into its cache, only `DRAFTER_FILES` (no remote code is
+    ever run: a drafter is weights and a config). Works offline once cached: the
     cached snapshot is used without asking the hub when HF_HUB_OFFLINE is set or the hub is unreachable."""
     path = Path(spec).expanduser()
     if path.exists() or not is_repo_id(spec):

@@ -349,3 +349,22 @@ def test_fits_before_loading_and_inspect_drafter(ckpts, llama, capsys):
     assert main(["inspect-drafter", str(llama)]) == 2
     cap = capsys.readouterr()
     assert "format: a causal LM" in cap.out and cap.err.count("error:") == 1
+
+
+def test_a_hub_repo_id_fetches_what_eagle3_dialects_ship(monkeypatch, tmp_path):
+    """A drafter repo id fetches config.json and the weights only: safetensors, and yuhuili's
+    pytorch_model.bin (read with weights_only), never code."""
+    import huggingface_hub
+
+    from specdec import models
+
+    seen = {}
+
+    def fake(repo, **kw):
+        seen.update(kw, repo=repo)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    monkeypatch.setattr(models, "_hub_reachable", lambda: True)
+    assert models.resolve_drafter("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") == tmp_path
+    assert set(seen["allow_patterns"]) == {"config.json", "*.safetensors", "pytorch_model.bin"}
