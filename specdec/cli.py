@@ -95,12 +95,20 @@ def cmd_bench_verify(args: argparse.Namespace) -> int:
 
 def cmd_inspect_drafter(args: argparse.Namespace) -> int:
     """What a drafter checkpoint is and whether it fits a model, before any weights load."""
+    import os
+
     from specdec.drafting.registry import inspect_checkpoint
-    from specdec.models import model_shape
+    from specdec.models import is_repo_id, model_shape
 
     target = None
     if args.model is not None:
         target = model_shape(args.verifier, args.model)
+        if (
+            target is None
+            and not is_repo_id(args.model)
+            and not os.path.exists(os.path.expanduser(args.model))
+        ):
+            raise ValueError(f"--model {args.model!r} does not exist (give a known name or a local folder)")
         if target is None:
             raise ValueError(
                 f"--model {args.model!r}: its shape is known only once it loads; give a local folder"

@@ -349,6 +349,8 @@ def test_fits_before_loading_and_inspect_drafter(ckpts, llama, capsys):
     assert main(["inspect-drafter", str(llama)]) == 2
     cap = capsys.readouterr()
     assert "format: a causal LM" in cap.out and cap.err.count("error:") == 1
+    assert main(["inspect-drafter", str(ckpts["speculators"]), "--model", str(llama / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_a_hub_repo_id_fetches_what_eagle3_dialects_ship(monkeypatch, tmp_path):
