@@ -48,7 +48,9 @@ def assert_turns_equal_fresh_runs(v: Verifier, drafter, prompt: Sequence[int], f
 CPU = torch.device("cpu")
 
 
-def scripted_steps(drafter, v, ref, *, prompt: Sequence[int], steps: int = 9, k: int = 4) -> list:
+def scripted_steps(
+    drafter, v, ref, *, prompt: Sequence[int], steps: int = 9, k: int = 4, logits=None
+) -> list:
     """Drive `drafter` through accept-all, accept-none and partial steps and rollbacks, the verifier
     giving the features of what is committed; at each step `ref(tokens, feats, last, k)` (the committed
     history) gives the reference (drafts, logits [k, K]) the drafter's must equal. Returns the drafts."""
@@ -66,7 +68,7 @@ def scripted_steps(drafter, v, ref, *, prompt: Sequence[int], steps: int = 9, k:
         want, want_logits = ref(tokens, torch.cat(history), last, k)
         got = drafter.propose(last, k)
         assert got == want, (step, got, want)
-        got_logits = drafter_logits(drafter, last, k)
+        got_logits = (logits or drafter_logits)(drafter, last, k)
         torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
         out.append((got, got_logits))
         if step == "rollback":  # a stop-string cut or an edited history: 3 committed positions dropped

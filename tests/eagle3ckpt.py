@@ -22,6 +22,7 @@ def tiny_eagle3(
     path: Path, *, target_hidden: int, vocab: int, aux: list[int] | None, dialect: str = "speculators",
     draft_vocab: int | None = None, layers: int = 1, heads: int = 4, kv_heads: int = 2, qwen3: bool = False,
     embed: bool = False, flags: dict | None = None, seed: int = 0, sharpen: float = 6.0, k: int = 5,
+    parallel_mask: int | None = None,
 ) -> Path:  # fmt: skip
     """A random EAGLE-3 checkpoint folder for a target of hidden size `target_hidden` and vocabulary
     `vocab`, reading aux layers `aux` (None: the config names none)."""
@@ -57,6 +58,8 @@ def tiny_eagle3(
         sd |= {f"fc_norm.{j}.weight": norm(H) for j in range(n_aux)}
     if embed:
         sd["embed_tokens.weight"] = w(vocab, H, scale=1.0)
+    if parallel_mask is not None:  # P-EAGLE
+        sd["mask_hidden"] = w(1, 1, n_aux * H, scale=1.0)
     if vocab != K:  # a spread-out draft vocabulary: every id under K/2, then every other one
         ids = torch.cat([torch.arange(K // 2), torch.arange(K // 2, vocab, 2)[: K - K // 2]])
         sd["d2t"] = ids - torch.arange(K)
@@ -72,11 +75,14 @@ def tiny_eagle3(
         method = dict(proposal_type="greedy", speculative_tokens=k)
         spec = dict(algorithm="eagle3", default_proposal_method="greedy", proposal_methods=[method],
                     verifier=dict(name_or_path="tiny-target", architectures=["X"]))  # fmt: skip
-        cfg = dict(architectures=["Eagle3Speculator"], speculators_model_type="eagle3",
+        algo = "eagle3" if parallel_mask is None else "peagle"
+        cfg = dict(architectures=["Eagle3Speculator"], speculators_model_type=algo,
                    transformer_layer_config=layer, draft_vocab_size=K, target_hidden_size=H, **flags,
                    speculators_config=spec)  # fmt: skip
         if aux:
             cfg["eagle_aux_hidden_state_layer_ids"] = aux
+        if parallel_mask is not None:
+            cfg["mask_token_id"] = parallel_mask
         sd["verifier_lm_head.weight"] = w(K, H)  # training's copy of the verifier's head: not read
         _safetensors(path, sd)
     else:
@@ -189,3 +195,25 @@ def reference_draft(
         nxt = normed if cfg.get("norm_output") else h[-1]
         hidden, ids = torch.cat([hidden, nxt[None]]), [*ids, drafts[-1]]
     return drafts, torch.stack(logits)
+
+
+def reference_parallel(
+    folder: Path, embed: torch.Tensor, tokens: list[int], feats: torch.Tensor, last: int, n: int
+) -> tuple[list[int], torch.Tensor]:
+    """P-EAGLE's n drafts after `last`, recomputed from scratch: the committed rows, then n - 1 rows of the
+    mask token with fc(mask_hidden) as hidden, under speculators' mask (every row sees the context rows at or
+    before its anchor and its own rollout's rows of lower depth: causal order here)."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((folder / "config.json").read_text())
+    sd = load_file(str(folder / "model.safetensors"))
+    layers = len({k.split(".")[1] for k in sd if k.startswith("layers.")})
+    x = torch.cat([feats, sd["mask_hidden"][0].expand(n - 1, -1)])
+    hidden = x @ sd["fc.weight"].T
+    ids = [*tokens[1:], last, *[cfg["mask_token_id"]] * (n - 1)]
+    h = hidden
+    for i in range(layers):
+        h = _layer(sd, f"layers.{i}.", h, cfg, i == 0, embed[torch.tensor(ids)])
+    logits = _rms(h[-n:], sd["norm.weight"]) @ sd["lm_head.weight"].T
+    to_target = (lambda j: j + int(sd["d2t"][j])) if "d2t" in sd else (lambda j: j)
+    return [to_target(int(j)) for j in logits.argmax(-1)], logits

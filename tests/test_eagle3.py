@@ -370,3 +370,41 @@ def test_a_hub_repo_id_fetches_what_eagle3_dialects_ship(monkeypatch, tmp_path):
     monkeypatch.setattr(models, "_hub_reachable", lambda: True)
     assert models.resolve_drafter("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") == tmp_path
     assert set(seen["allow_patterns"]) == {"config.json", "*.safetensors", "pytorch_model.bin"}
+
+
+# ---- P-EAGLE: the block in one forward ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def peagle(tmp_path_factory) -> Path:
+    return eagle3ckpt.tiny_eagle3(tmp_path_factory.mktemp("peagle") / "pe", target_hidden=64, vocab=320,
+                                  aux=[1, 2, 4], draft_vocab=200, parallel_mask=319, seed=7)  # fmt: skip
+
+
+def test_peagle_drafts_equal_the_reference_and_output_is_greedy(peagle, hf, mlxv, llama):
+    """Every proposal equals speculators' P-EAGLE forward recomputed from scratch (the context rows, then
+    mask rows) through accepted, rejected and partial steps and rollbacks; output equals the runtimes' own
+    greedy generation, in chains, trees and seeded sampling; the MLX drafter runtime is one line."""
+    from specdec.drafting.eagle3 import PEagleDrafter
+
+    d = load_drafter(str(peagle), verifier=hf, block_size=5)
+    assert isinstance(d, PEagleDrafter) and not d.walks
+    emb = hf.embed_fn(device=CPU, dtype=torch.float32)(torch.arange(hf.vocab_size))
+
+    def ref(tokens, feats, last, k):
+        return eagle3ckpt.reference_parallel(peagle, emb, tokens, feats, last, k)
+
+    def logits_of(drafter, last, k):  # the parallel block's logits, what `scripted_steps` compares
+        return drafter.parallel_logits(last, k).float()
+
+    scripted_steps(d, hf, ref, prompt=PROMPT, logits=logits_of)
+    own = parity.runtime_generate(hf.model, PROMPT, 24)
+    assert run(hf, d).output_tokens == own
+    assert run(hf, d, tree=TreeBudget(nodes=10)).output_tokens == own
+    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
+    assert run(hf, d, sampling=match).output_tokens == run(hf, sampling=match).output_tokens
+    assert run(mlxv, load_drafter(str(peagle), verifier=mlxv)).output_tokens == parity.mlx_lm_greedy(
+        mlxv, PROMPT, 24
+    )
+    with pytest.raises(ValueError, match="P-EAGLE, which runs in the torch drafter runtime only"):
+        load_drafter(str(peagle), verifier=mlxv, runtime="mlx")

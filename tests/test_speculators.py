@@ -133,7 +133,7 @@ def test_what_the_dflash_drafters_do_not_do_is_one_line(tmp_path, extra, says):
 
 def test_other_speculators_algorithms_are_named(tmp_path):
     for algo, name in (
-        ("peagle", "a P-EAGLE drafter"),
+        ("mlp", "an MLP speculator"),
         ("dspark", "a DSpark drafter"),
         ("mtp", "MTP drafter"),
     ):

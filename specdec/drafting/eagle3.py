@@ -30,11 +30,12 @@ from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
 from specdec.kernels import use_cpu_linears
 from specdec.protocols import EmbedFn
+from specdec.tree import Tree, TreeBudget, best_first
 
 if TYPE_CHECKING:
     from specdec.protocols import Verifier
 
-__all__ = ["Eagle3Cache", "Eagle3Drafter", "Eagle3Model"]
+__all__ = ["Eagle3Cache", "Eagle3Drafter", "Eagle3Model", "PEagleDrafter"]
 
 
 class _Attention(nn.Module):
@@ -143,6 +144,8 @@ class Eagle3Model(nn.Module):
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H) if cfg.has_embed else None
+        if cfg.parallel_mask_token_id is not None:  # P-EAGLE: what its parallel rows take as features
+            self.mask_hidden = nn.Parameter(torch.zeros(1, 1, cfg.feature_dim))
         self._inv, self.rope_scale = rope_frequencies(cfg)
         self._inv_freq: torch.Tensor | None = None  # [D/2] fp32 on the rows' device (kept out of .to())
 
@@ -244,3 +247,48 @@ class Eagle3Drafter(ChainDrafter):
         if self.embed_fn is None:
             raise ValueError(f"drafter {self.name!r} ships no embeddings: bind it to a verifier")
         self.reset()
+
+
+class PEagleDrafter(Eagle3Drafter):
+    """P-EAGLE (speculators' `peagle`): a block's n drafts in one forward. After the rows the cache lacks
+    (the last pairing the token after the context, as EAGLE-3's) come n - 1 rows of the mask token with
+    the fused `mask_hidden` as their hidden state; each attends to the context and the rows before it,
+    which is speculators' P-EAGLE mask, and reads out the token one further. The drafts do not depend on
+    each other: at T > 0 they are sampled as rows (`SampledProposals`), trees take them as levels."""
+
+    walks = False
+
+    @torch.inference_mode()
+    def parallel_logits(self, last_token: int, n: int) -> torch.Tensor:
+        """Logits [n, K] over the draft vocabulary of the n drafts after `last_token` (no host sync)."""
+        if n <= 0 or not self._tokens:
+            return torch.zeros(0, self.draft_vocab_size, device=self.device)
+        self._fuse()
+        L = len(self._tokens)
+        R = self.cache.length = min(self.cache.length, L - 1)
+        masks = [self.cfg.parallel_mask_token_id] * (n - 1)
+        ids = torch.tensor([*self._tokens[R + 1 :], last_token, *masks], device=self.device)
+        fused_mask = self.model.fuse(self.model.mask_hidden[0])  # [1, H]
+        hidden = torch.cat([self._fused[R:L], fused_mask.expand(n - 1, -1)])  # [L - R + n - 1, H]
+        out = self.model.rows(self.cache, self.embed_fn(ids), hidden)[-n:]  # [n, H]
+        self.cache.length, self._tail = L, last_token  # the mask rows are not context
+        return self.model.readout(out)[0]
+
+    def propose(self, last_token: int, n: int) -> list[int]:
+        """Up to n drafts in one forward, cut by the draft policy with each draft's top-1 chance."""
+        if not 0 <= n < self.block_size:
+            raise ValueError(f"can propose 0..{self.block_size - 1} tokens per step, asked for {n}")
+        if n == 0:
+            return []
+        top, cols = self.parallel_logits(last_token, n).float().softmax(-1).max(-1)  # [n] each
+        cut = self.policy.needs_confidence("dflash")
+        tokens = self._ids(cols)  # the one sync of a proposal
+        return self.policy.block_cut(tokens, top.tolist() if cut else None)
+
+    def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
+        """Logits [n, V] of the n drafts (ids outside the draft vocabulary at -inf), for T > 0."""
+        return self._dense(self.parallel_logits(last_token, n), float("-inf"))
+
+    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
+        """A tree of the parallel drafts' candidates, best first by path probability."""
+        return best_first(last_token, self.propose_logits(last_token, depth), budget)

@@ -79,6 +79,8 @@ class Eagle3Config:
     has_embed: bool = False  # ships its own embed_tokens (else the verifier's embeddings are used)
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()
+    # P-EAGLE (speculators_model_type peagle): the mask token of its parallel rows (None: EAGLE-3)
+    parallel_mask_token_id: int | None = None
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
@@ -179,6 +181,13 @@ def parse_config(raw: Mapping[str, Any], *, dialect: str, weights_file: str, whe
         target_model=target, weights_file=weights_file,
         sliding_window=layer.get("sliding_window") if sliding else None, sliding_layers=sliding,
     )  # fmt: skip
+    if raw.get("speculators_model_type") == "peagle":
+        mask = raw.get("mask_token_id")
+        if not isinstance(mask, int) or isinstance(mask, bool) or not 0 <= mask < cfg.vocab_size:
+            raise ValueError(
+                f"{where}: a P-EAGLE config needs a mask_token_id in the vocabulary, got {mask!r}"
+            )
+        cfg = replace(cfg, parallel_mask_token_id=mask)
     if cfg.norm_before_fc and cfg.fc_norm:
         raise ValueError(f"{where}: norm_before_fc and fc_norm are exclusive, the config sets both")
     if cfg.draft_vocab_size > cfg.vocab_size:
@@ -199,6 +208,8 @@ def param_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
         out["d2t"] = (cfg.draft_vocab_size,)
     if cfg.norm_before_fc:
         out["input_norm.weight"] = (cfg.feature_dim,)
+    if cfg.parallel_mask_token_id is not None:  # P-EAGLE: the fused-hidden input of its parallel rows
+        out["mask_hidden"] = (1, 1, cfg.feature_dim)
     for j in range(cfg.num_aux if cfg.fc_norm else 0):
         out[f"fc_norm.{j}.weight"] = (cfg.target_hidden_size,)
     for i in range(cfg.num_layers):

@@ -23,6 +23,11 @@ def _load(
 ) -> Any:
     """The drafter of a `registry.Checkpoint` of this kind: the PyTorch one on `device`, or (`runtime`
     "mlx") the MLX one beside an MLX verifier; `block_size` None: the checkpoint's drafts per step + 1."""
+    parallel = ckpt.header.parallel_mask_token_id is not None
+    if runtime == "mlx" and parallel:
+        raise ValueError(
+            f"drafter {ckpt.name!r} is P-EAGLE, which runs in the torch drafter runtime only for now"
+        )
     if runtime == "mlx":
         from specdec.drafting.eagle3_mlx import MLXEagle3Drafter
 
@@ -31,9 +36,9 @@ def _load(
             ckpt.folder, ckpt.header, dtype=name, policy=policy, block_size=block_size
         )
     else:
-        from specdec.drafting.eagle3 import Eagle3Drafter
+        from specdec.drafting.eagle3 import Eagle3Drafter, PEagleDrafter
 
-        drafter = Eagle3Drafter.from_pretrained(
+        drafter = (PEagleDrafter if parallel else Eagle3Drafter).from_pretrained(
             ckpt.folder, ckpt.header, device=device, dtype=dtype, policy=policy, block_size=block_size
         )
     drafter.name = ckpt.name
@@ -55,14 +60,17 @@ def _describe(cfg: Eagle3Config) -> dict[str, Any]:
         "embeddings": "its own" if cfg.has_embed else "the verifier's",
         "drafts per step": cfg.block_size - 1,
         "flags": ", ".join(norms) or "none",
+        "parallel (P-EAGLE)": "no"
+        if cfg.parallel_mask_token_id is None
+        else f"mask token {cfg.parallel_mask_token_id}",
         "weights": cfg.weights_file,
     }
 
 
 EAGLE3_KIND = DrafterKind(
     name="eagle3",
-    summary="EAGLE-3 chain drafters: speculators, yuhuili's and SGLang's checkpoints",
-    formats=frozenset(("eagle3", d) for d in EAGLE3_DIALECTS),
+    summary="EAGLE-3 chain drafters (speculators, yuhuili's, SGLang's) and P-EAGLE (speculators, torch)",
+    formats=frozenset({*(("eagle3", d) for d in EAGLE3_DIALECTS), ("peagle", "speculators")}),
     needs="three aux hidden states of the target (the input of the layers it names), its embeddings",
     runtimes=("torch", "mlx"),
     trees=True,
