@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -384,7 +385,7 @@ def peagle(tmp_path_factory) -> Path:
 def test_peagle_drafts_equal_the_reference_and_output_is_greedy(peagle, hf, mlxv, llama):
     """Every proposal equals speculators' P-EAGLE forward recomputed from scratch (the context rows, then
     mask rows) through accepted, rejected and partial steps and rollbacks; output equals the runtimes' own
-    greedy generation, in chains, trees and seeded sampling; the MLX drafter runtime is one line."""
+    greedy generation, in chains, trees and seeded sampling, in both drafter runtimes."""
     from specdec.drafting.eagle3 import PEagleDrafter
 
     d = load_drafter(str(peagle), verifier=hf, block_size=5)
@@ -403,8 +404,23 @@ def test_peagle_drafts_equal_the_reference_and_output_is_greedy(peagle, hf, mlxv
     assert run(hf, d, tree=TreeBudget(nodes=10)).output_tokens == own
     match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
     assert run(hf, d, sampling=match).output_tokens == run(hf, sampling=match).output_tokens
-    assert run(mlxv, load_drafter(str(peagle), verifier=mlxv)).output_tokens == parity.mlx_lm_greedy(
-        mlxv, PROMPT, 24
-    )
-    with pytest.raises(ValueError, match="P-EAGLE, which runs in the torch drafter runtime only"):
-        load_drafter(str(peagle), verifier=mlxv, runtime="mlx")
+    own = parity.mlx_lm_greedy(mlxv, PROMPT, 24)
+    for runtime in ("torch", "mlx"):
+        dm = load_drafter(str(peagle), verifier=mlxv, runtime=runtime, block_size=5)
+        assert run(mlxv, dm).output_tokens == own and not dm.walks, runtime
+        assert run(mlxv, dm, tree=TreeBudget(nodes=10)).output_tokens == own, runtime
+    mlx_d = load_drafter(str(peagle), verifier=mlxv, runtime="mlx", block_size=5)
+
+    def mlx_logits(drafter, last, k):
+        return torch.tensor(np.array(drafter.parallel_logits(last, k)))
+
+    scripted_steps(mlx_d, mlxv, torch_reference_parallel(peagle, mlxv), prompt=PROMPT, logits=mlx_logits)
+
+
+def torch_reference_parallel(folder: Path, v):
+    emb = v.embed_fn(device=CPU, dtype=torch.float32)(torch.arange(v.vocab_size))
+
+    def ref(tokens, feats, last, k):
+        return eagle3ckpt.reference_parallel(folder, emb, tokens, feats, last, k)
+
+    return ref

@@ -24,15 +24,11 @@ def _load(
     """The drafter of a `registry.Checkpoint` of this kind: the PyTorch one on `device`, or (`runtime`
     "mlx") the MLX one beside an MLX verifier; `block_size` None: the checkpoint's drafts per step + 1."""
     parallel = ckpt.header.parallel_mask_token_id is not None
-    if runtime == "mlx" and parallel:
-        raise ValueError(
-            f"drafter {ckpt.name!r} is P-EAGLE, which runs in the torch drafter runtime only for now"
-        )
     if runtime == "mlx":
-        from specdec.drafting.eagle3_mlx import MLXEagle3Drafter
+        from specdec.drafting.eagle3_mlx import MLXEagle3Drafter, MLXPEagleDrafter
 
         name = str(dtype).removeprefix("torch.")
-        drafter = MLXEagle3Drafter.from_pretrained(
+        drafter = (MLXPEagleDrafter if parallel else MLXEagle3Drafter).from_pretrained(
             ckpt.folder, ckpt.header, dtype=name, policy=policy, block_size=block_size
         )
     else:
@@ -69,7 +65,7 @@ def _describe(cfg: Eagle3Config) -> dict[str, Any]:
 
 EAGLE3_KIND = DrafterKind(
     name="eagle3",
-    summary="EAGLE-3 chain drafters (speculators, yuhuili's, SGLang's) and P-EAGLE (speculators, torch)",
+    summary="EAGLE-3 chain drafters (speculators, yuhuili's, SGLang's) and P-EAGLE (speculators)",
     formats=frozenset({*(("eagle3", d) for d in EAGLE3_DIALECTS), ("peagle", "speculators")}),
     needs="three aux hidden states of the target (the input of the layers it names), its embeddings",
     runtimes=("torch", "mlx"),

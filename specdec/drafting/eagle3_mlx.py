@@ -25,9 +25,10 @@ from specdec.drafting.eagle3_config import Eagle3Config, check_eagle3, draft_voc
 from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
 from specdec.kernels import MAX_VERIFY_TOKENS
+from specdec.tree import Tree, TreeBudget, best_first
 from specdec.verifiers.mlx import MLX_DTYPES
 
-__all__ = ["MLXEagle3Drafter", "MLXEagle3Model"]
+__all__ = ["MLXEagle3Drafter", "MLXEagle3Model", "MLXPEagleDrafter"]
 
 _TORCH = {mx.float32: torch.float32, mx.bfloat16: torch.bfloat16, mx.float16: torch.float16}
 
@@ -105,6 +106,8 @@ class MLXEagle3Model(nn.Module):
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         if cfg.has_embed:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
+        if cfg.parallel_mask_token_id is not None:  # P-EAGLE: what its parallel rows take as features
+            self.mask_hidden = mx.zeros((1, 1, cfg.feature_dim))
         inv, self._rope_scale = rope_frequencies(cfg)
         self._wavelengths = 1.0 / mx.array(inv, dtype=mx.float32)  # [D/2], mx.fast.rope's `freqs`
 
@@ -301,3 +304,46 @@ class MLXEagle3Drafter(MLXChainProposals):
 
     def _sync(self, *arrays: mx.array) -> None:
         mx.eval(*arrays, self._cache.arrays(), self._fused)  # the one sync of a proposal
+
+
+class MLXPEagleDrafter(MLXEagle3Drafter):
+    """P-EAGLE in MLX, as `eagle3.PEagleDrafter`: the block's n drafts in one lazy forward, the mask rows
+    dropped after; drafts independent of each other (sampled as rows at T > 0, levels of a tree)."""
+
+    walks = False
+
+    def parallel_logits(self, last_token: int, n: int) -> mx.array:
+        """Logits [n, K] over the draft vocabulary of the n drafts after `last_token`, lazy."""
+        self._fuse()
+        L, cache = len(self._tokens), self._cache
+        R = cache.length = min(cache.length, L - 1)
+        masks = [self.cfg.parallel_mask_token_id] * (n - 1)
+        ids = mx.array([*self._tokens[R + 1 :], last_token, *masks], dtype=mx.int32)
+        fused_mask = self.model.fuse(self.model.mask_hidden[0])  # [1, H]
+        hidden = mx.concatenate(
+            [self._fused[R:L], mx.broadcast_to(fused_mask, (n - 1, fused_mask.shape[-1]))]
+        )
+        out = self.model.rows(cache, self._embed(ids), hidden)[-n:]
+        cache.length, self._tail = L, last_token  # the mask rows are not context
+        return self.model.readout(out)[0].astype(mx.float32)
+
+    def propose(self, last_token: int, n: int) -> list[int]:
+        if not 0 <= n < self.block_size:
+            raise ValueError(f"can propose 0..{self.block_size - 1} tokens per step, asked for {n}")
+        if n == 0 or not self._tokens:
+            return []
+        logits = self.parallel_logits(last_token, n)
+        ids, top = self._ids(mx.argmax(logits, axis=-1)), mx.max(mx.softmax(logits, axis=-1), axis=-1)
+        self._sync(ids, top)
+        cut = self.policy.needs_confidence("dflash")
+        return self.policy.block_cut(ids.tolist(), top.tolist() if cut else None)
+
+    def propose_logits(self, last_token: int, n: int) -> torch.Tensor:
+        """Logits [n, V] (ids outside the draft vocabulary at -inf), for sampled proposals at T > 0."""
+        logits = self.parallel_logits(last_token, n)
+        self._sync(logits)
+        return self._dense(torch.tensor(np.array(logits)), float("-inf"))
+
+    def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
+        """A tree of the parallel drafts' candidates, best first by path probability."""
+        return best_first(last_token, self.propose_logits(last_token, depth), budget)
