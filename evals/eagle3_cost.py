@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -181,12 +180,11 @@ def _run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from specdec.records import atomic_write_json, environment
+    from specdec.evals.report import emit_figures, figures_header
 
     result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"), "model": MODEL,
-        "command": "python -m specdec.evals.eagle3_cost " + " ".join(sys.argv[1:]),
-        "environment": environment("cpu"), "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
+        **figures_header("specdec.evals.eagle3_cost"), "model": MODEL,
+        "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
         "mlx_vlm": metadata.version("mlx-vlm") if "peer" in args.parts else None,
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,9 +192,7 @@ def _run(args: argparse.Namespace) -> int:
             result["cost"] = {"dtype": args.dtype, "context": args.context, **cost(args, Path(tmp))}
         if "peer" in args.parts:
             result["peer"] = peer(args, Path(tmp))
-    print(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
-    if args.out:
-        atomic_write_json(Path(args.out), result)
+    emit_figures(result, args.out)
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -166,20 +165,14 @@ def _rollbacks(v: Any, mtp: Any, last: int, reps: int) -> dict[str, float]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from specdec.records import atomic_write_json, environment
+    from specdec.evals.report import emit_figures, figures_header
 
-    result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "command": "python -m specdec.evals.mtp_cost " + " ".join(sys.argv[1:]),
-        "environment": environment("cpu"), "sizes": {},
-    }  # fmt: skip
+    result: dict[str, Any] = {**figures_header("specdec.evals.mtp_cost"), "sizes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             path = add_mtp_layers(build(size, Path(tmp) / size))
             result["sizes"][size] = measure(path, args.reps)
-    print(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
-    if args.out:
-        atomic_write_json(Path(args.out), result)
+    emit_figures(result, args.out)
     return 0
 
 

@@ -308,3 +308,24 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def figures_header(module: str) -> dict[str, Any]:
+    """The head of a benchmark's figures JSON: the date, the command that made them, where they ran."""
+    import time
+
+    from specdec.records import environment
+
+    return {
+        "date": time.strftime("%Y-%m-%d"), "command": f"python -m {module} " + " ".join(sys.argv[1:]),
+        "environment": environment("cpu"),
+    }  # fmt: skip
+
+
+def emit_figures(result: dict[str, Any], out: str | None) -> None:
+    """Print a benchmark's figures (without the environment) and, with `out`, write them all atomically."""
+    from specdec.records import atomic_write_json
+
+    print(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
+    if out:
+        atomic_write_json(Path(out), result)

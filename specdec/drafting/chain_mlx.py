@@ -2,12 +2,12 @@
 by the draft policy, sampled walks with q at T > 0, trees from the greedy chain's distributions, all over a
 subclass's lazy `_chain(last_token, n, pick)` and its one sync `_sync(*arrays)` (which evaluates the
 drafter's state with the proposal, so any thread may run the next turn). The rows and their rollback are
-`chain.ChainRows`'.
+`chain.ChainRows`'; the fused states sit in a buffer that doubles as it fills.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -24,22 +24,83 @@ __all__ = ["MLXChainProposals"]
 
 
 class MLXChainProposals(ChainRows):
-    """`propose`, `propose_walk`, `propose_tree` of an MLX chain drafter (module docstring). A subclass sets
-    `rows` (mx.array [K] of target ids, or None), `vocab_size`, `draft_vocab_size`, `block_size`, `policy`."""
+    """An MLX chain drafter over its network `model` (`fuse(features [n, F]) -> [n, H]`, `rows(cache, emb
+    [T, H], hidden [T, H]) -> [T, H]`, `readout(out) -> (logits, next hidden)`), its `_cache` (a settable
+    `length`, `arrays()` to evaluate) and a fused-state buffer `_fused` [capacity, H] (module docstring). A
+    subclass sets those, `_embed`, `rows` (mx.array [K] of target ids, or None), `feature_dim`,
+    `vocab_size`, `draft_vocab_size`, `block_size` and `policy`, then calls `reset`."""
 
     runtime = "mlx"
     walks = True  # each draft depends on the one drawn before it
     rows: mx.array | None = None
+    model: Any
+    _cache: Any
+    _fused: mx.array
+    _embed: Callable[[mx.array], mx.array]
+    feature_dim: int
     policy: Any
     block_size: int
     vocab_size: int
     draft_vocab_size: int
 
+    def reset(self) -> None:
+        self._cache.length = 0
+        self._tokens: list[int] = []
+        self._pending: list[mx.array] = []
+        self._n_fused = 0
+        self._tail: int | None = None
+
+    def extend(self, features: mx.array, tokens: Sequence[int]) -> None:
+        """Append committed positions: features [n, A*Ht] (an mx.array from the MLX verifier)."""
+        if features.ndim != 2 or tuple(features.shape) != (len(tokens), self.feature_dim):
+            raise ValueError(
+                f"features must be [{len(tokens)}, {self.feature_dim}], got {list(features.shape)}"
+            )
+        if tokens:
+            self._commit(tokens, self._cache)
+            mx.eval(features)  # a lazy slice of this thread's arrays: another thread may fuse it
+            self._pending.append(features)
+
+    def rollback(self, n: int) -> None:
+        if self._check_rollback(n):
+            self._fuse()
+            mx.eval(self._fused)
+            self._uncommit(n, self._cache)
+
+    def _fuse(self) -> None:
+        if not self._pending:
+            return
+        feats = mx.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending = []
+        n, start = feats.shape[0], self._n_fused
+        while start + n > self._fused.shape[0]:
+            self._fused = mx.concatenate([self._fused, mx.zeros_like(self._fused)])
+        self._fused[start : start + n] = self.model.fuse(feats)
+        self._n_fused += n
+
     def _chain(self, last_token: int, n: int, pick: Callable[[mx.array, int], mx.array]) -> mx.array:
-        raise NotImplementedError
+        """n draft columns after `last_token`, lazy [n]; `pick(logits [1, K], i)` chooses column i. The
+        chain's rows are dropped after; the cache is evaluated with the columns by the caller's sync."""
+        if n <= 0 or not self._tokens:
+            return mx.zeros((0,), dtype=mx.int32)
+        self._fuse()
+        L, cache = len(self._tokens), self._cache
+        R = cache.length = min(cache.length, L - 1)
+        ids = mx.array([*self._tokens[R + 1 :], last_token], dtype=mx.int32)
+        out = self.model.rows(cache, self._embed(ids), self._fused[R:L])[-1:]
+        self._tail = last_token
+        cols = []
+        for i in range(n):
+            logits, hidden = self.model.readout(out)
+            cols.append(pick(logits.astype(mx.float32), i))  # [1]
+            if i + 1 < n:
+                tok = cols[-1] if self.rows is None else self.rows[cols[-1]]
+                out = self.model.rows(cache, self._embed(tok), hidden)
+        cache.length = L
+        return mx.concatenate(cols)
 
     def _sync(self, *arrays: mx.array) -> None:
-        raise NotImplementedError
+        mx.eval(*arrays, self._cache.arrays(), self._fused)  # the one sync of a proposal
 
     @property
     def context_len(self) -> int:

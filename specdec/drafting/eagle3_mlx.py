@@ -10,7 +10,7 @@ may run the next turn (MLX keeps a stream per thread). mlx is imported by this m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -243,67 +243,6 @@ class MLXEagle3Drafter(MLXChainProposals):
             table, scale = text_model(verifier.model).model.embed_tokens, embed_scale(verifier.model)
             self._embed = table if scale is None else (lambda ids: table(ids) * scale)
         self.reset()
-
-    def reset(self) -> None:
-        self._cache.length = 0
-        self._tokens: list[int] = []
-        self._pending: list[mx.array] = []
-        self._n_fused = 0
-        self._tail: int | None = None
-
-    def extend(self, features: mx.array, tokens: Sequence[int]) -> None:
-        """Append committed positions: features [n, A*Ht] (an mx.array from the MLX verifier)."""
-        if features.ndim != 2 or tuple(features.shape) != (len(tokens), self.feature_dim):
-            raise ValueError(
-                f"features must be [{len(tokens)}, {self.feature_dim}], got {list(features.shape)}"
-            )
-        if tokens:
-            self._commit(tokens, self._cache)
-            mx.eval(features)  # a lazy slice of this thread's arrays: another thread may fuse it
-            self._pending.append(features)
-
-    def rollback(self, n: int) -> None:
-        if self._check_rollback(n):
-            self._fuse()
-            mx.eval(self._fused)
-            self._uncommit(n, self._cache)
-
-    def _fuse(self) -> None:
-        if not self._pending:
-            return
-        feats = mx.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
-        self._pending = []
-        n, start = feats.shape[0], self._n_fused
-        while start + n > self._fused.shape[0]:
-            self._fused = mx.concatenate([self._fused, mx.zeros_like(self._fused)])
-        self._fused[start : start + n] = self.model.fuse(feats)
-        self._n_fused += n
-
-    # ---- drafting -----------------------------------------------------------------------------------------
-
-    def _chain(self, last_token: int, n: int, pick: Callable[[mx.array, int], mx.array]) -> mx.array:
-        """n draft columns after `last_token`, lazy [n]; `pick(logits [1, K], i)` chooses column i. The
-        chain's rows are dropped after; the cache is evaluated with the columns by the caller's sync."""
-        if n <= 0 or not self._tokens:
-            return mx.zeros((0,), dtype=mx.int32)
-        self._fuse()
-        L, cache = len(self._tokens), self._cache
-        R = cache.length = min(cache.length, L - 1)
-        ids = mx.array([*self._tokens[R + 1 :], last_token], dtype=mx.int32)
-        out = self.model.rows(cache, self._embed(ids), self._fused[R:L])[-1:]
-        self._tail = last_token
-        cols = []
-        for i in range(n):
-            logits, hidden = self.model.readout(out)
-            cols.append(pick(logits.astype(mx.float32), i))  # [1]
-            if i + 1 < n:
-                tok = cols[-1] if self.rows is None else self.rows[cols[-1]]
-                out = self.model.rows(cache, self._embed(tok), hidden)
-        cache.length = L
-        return mx.concatenate(cols)
-
-    def _sync(self, *arrays: mx.array) -> None:
-        mx.eval(*arrays, self._cache.arrays(), self._fused)  # the one sync of a proposal
 
 
 class MLXPEagleDrafter(MLXEagle3Drafter):

@@ -87,9 +87,8 @@ def identify(raw: Mapping[str, Any], files: Collection[str] = ()) -> Format:
     if isinstance(spec, str) or isinstance(raw.get("speculators_config"), Mapping):
         return fmt(_SPECULATORS.get(str(spec), "unknown"), "speculators")
     dfc = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), Mapping) else {}
-    if "dspark" in mt or any("dspark" in a for a in low) or "markov_rank" in raw or "markov_rank" in dfc:
-        return fmt("dspark", "public")
-    if dfc.get("projector_type") == "dspark":
+    dspark_marks = ("markov_rank" in raw, "markov_rank" in dfc, dfc.get("projector_type") == "dspark")
+    if "dspark" in mt or any("dspark" in a for a in low) or any(dspark_marks):
         return fmt("dspark", "public")
     if "DFlash2DraftModel" in archs:
         return fmt("dflash2", "public")

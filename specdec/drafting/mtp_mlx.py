@@ -9,7 +9,6 @@ are its own modules. A proposal stays lazy until its one sync.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +74,41 @@ class _Net(nn.Module):
         ):
             norm.weight = weights[f"mtp.{name}.weight"] + 1.0  # zero-centred, as the model's own norms
         self.final_norm = tm.model.norm  # the verifier's own (mlx_lm shifted it when it loaded)
+        self.head = _head_fn(model, None)  # the verifier's LM head (a function: not a parameter here)
+
+    def fuse(self, features: mx.array) -> mx.array:
+        """The last decoder layer's outputs [n, H] -> the verifier's final-normed hidden states [n, H]."""
+        return self.final_norm(features)
+
+    def rows(self, cache: _KV, emb: mx.array, hidden: mx.array) -> mx.array:
+        """New rows after the cache's: embeddings, hidden states [T, H] -> outputs [T, H] (post-normed)."""
+        x = self.fc(mx.concatenate([self.enorm(emb), self.hnorm(hidden.astype(emb.dtype))], -1))[None]
+        mask = "causal" if emb.shape[0] > 1 else None
+        return self.post(self.layer(x, mask=mask, cache=cache.kv))[0]
+
+    def readout(self, out: mx.array) -> tuple[mx.array, mx.array]:
+        return self.head(out), out  # the layer's post norm is in `out` already
+
+
+class _KV:
+    """mlx_lm's `KVCache` of the MTP layer behind the settable `length` the chain drafters move."""
+
+    def __init__(self) -> None:
+        from mlx_lm.models.cache import KVCache
+
+        self.kv = KVCache()
+
+    @property
+    def length(self) -> int:
+        return self.kv.offset
+
+    @length.setter
+    def length(self, n: int) -> None:
+        if n < self.kv.offset:
+            self.kv.trim(self.kv.offset - n)
+
+    def arrays(self) -> list[mx.array]:
+        return [] if self.kv.keys is None else [self.kv.keys, self.kv.values]
 
 
 class MLXMtpDrafter(MLXChainProposals):
@@ -83,26 +117,24 @@ class MLXMtpDrafter(MLXChainProposals):
     def __init__(
         self, verifier: Any, *, policy: DraftPolicy | None = None, block_size: int | None = None
     ) -> None:
-        from mlx_lm.models.cache import KVCache
-
         if getattr(verifier, "path", None) is None:
             raise ValueError("--drafter mtp needs the MLX verifier's checkpoint folder (its mtp.* weights)")
         folder = Path(verifier.path)
         self.mtp_layers = check_mtp_folder(folder)
         model = verifier.model
-        self.net = _Net(model, *_mtp_weights(folder))
-        mx.eval(self.net.parameters())
-        self._kv = KVCache
+        self.model = _Net(model, *_mtp_weights(folder))
+        mx.eval(self.model.parameters())
         self.verifier, self.name, self.policy = verifier, "mtp", policy or DraftPolicy()
         self.block_size = block_size or MTP_BLOCK_SIZE
         H, N = verifier.hidden_size, verifier.num_layers
         self.target_layer_ids, self.feature_dim = (N - 1,), H
         self.vocab_size = self.draft_vocab_size = verifier.vocab_size
-        self.hidden_size = H
         self.device, self.dtype = torch.device("cpu"), torch.float32
         table, scale = text_model(model).model.embed_tokens, embed_scale(model)
-        self._embed: Callable[[mx.array], mx.array] = table if scale is None else (lambda i: table(i) * scale)
-        self._head = _head_fn(model, None)
+        self._embed = table if scale is None else (lambda i: table(i) * scale)
+        self._cache = _KV()
+        self._fused = mx.zeros((256, H), dtype=self.model.final_norm.weight.dtype)
+        mx.eval(self._fused)
         self.reset()
 
     def describe(self) -> dict[str, Any]:
@@ -113,66 +145,3 @@ class MLXMtpDrafter(MLXChainProposals):
         if verifier is not self.verifier:
             raise ValueError("an MTP drafter drafts for the verifier whose layers it is (built with it)")
         self.reset()
-
-    @property
-    def length(self) -> int:  # the rows the layer's cache holds (`ChainRows` moves it)
-        return self._cache.offset
-
-    @length.setter
-    def length(self, n: int) -> None:
-        if n < self._cache.offset:
-            self._cache.trim(self._cache.offset - n)
-
-    def reset(self) -> None:
-        self._cache = self._kv()
-        self._tokens, self._pending, self._n_fused, self._tail = [], [], 0, None
-        self._fused = mx.zeros((0, self.hidden_size))
-
-    def extend(self, features: mx.array, tokens: Sequence[int]) -> None:
-        if features.ndim != 2 or tuple(features.shape) != (len(tokens), self.feature_dim):
-            raise ValueError(
-                f"features must be [{len(tokens)}, {self.feature_dim}], got {list(features.shape)}"
-            )
-        if tokens:
-            self._commit(tokens, self)
-            mx.eval(features)
-            self._pending.append(features)
-
-    def rollback(self, n: int) -> None:
-        if self._check_rollback(n):
-            self._fuse()
-            self._uncommit(n, self)
-            self._fused = self._fused[: self._n_fused]
-            mx.eval(self._fused)
-
-    def _fuse(self) -> None:
-        if self._pending:
-            new = self.net.final_norm(mx.concatenate(self._pending))  # the verifier's normed hidden states
-            self._fused = mx.concatenate([self._fused[: self._n_fused].astype(new.dtype), new])
-            self._pending, self._n_fused = [], self._fused.shape[0]
-
-    def _rows(self, emb: mx.array, hidden: mx.array) -> mx.array:
-        net, T = self.net, emb.shape[0]
-        x = net.fc(mx.concatenate([net.enorm(emb), net.hnorm(hidden.astype(emb.dtype))], -1))[None]
-        mask = "causal" if T > 1 else None
-        return net.post(net.layer(x, mask=mask, cache=self._cache))[0]  # [T, H]
-
-    def _chain(self, last_token: int, n: int, pick: Callable[[mx.array, int], mx.array]) -> mx.array:
-        if n <= 0 or not self._tokens:
-            return mx.zeros((0,), dtype=mx.int32)
-        self._fuse()
-        L = len(self._tokens)
-        R = min(self.length, L - 1)
-        self.length = R
-        ids = mx.array([*self._tokens[R + 1 :], last_token], dtype=mx.int32)
-        out = self._rows(self._embed(ids), self._fused[R:L])[-1:]
-        self._tail, cols = last_token, []
-        for i in range(n):
-            cols.append(pick(self._head(out).astype(mx.float32), i))  # [1]
-            if i + 1 < n:
-                out = self._rows(self._embed(cols[-1]), out)
-        self.length = L
-        return mx.concatenate(cols)
-
-    def _sync(self, *arrays: mx.array) -> None:
-        mx.eval(*arrays, self._cache.state, self._fused)  # the one sync of a proposal
