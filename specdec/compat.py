@@ -5,6 +5,7 @@
   converted (`specdec.models.fetch`) and when the MLX verifier loads one.
 - `model_classes` / `transformers_layout`: mlx_lm's model classes with a sanitize step that first reads the
   weight layouts transformers 5 saves and mlx_lm's own sanitize does not.
+- `cast_params`: an mlx_lm model in another float dtype, quantized layers' scales kept.
 
 Pure Python at import; mlx and mlx_lm load inside the functions that need them.
 """
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import mlx.core as mx
 
-__all__ = ["config_fixes", "model_classes", "transformers_layout"]
+__all__ = ["cast_params", "config_fixes", "model_classes", "transformers_layout"]
 
 
 #: transformers' text-only model types and the mlx_lm model that reads them as its `text_config`
@@ -81,7 +82,9 @@ def _flat_fixes(config: dict[str, Any]) -> dict[str, Any]:
     if config.get("model_type") == "gemma4_text" and isinstance(per_layer, dict) and types:
         # transformers 5 folds global_head_dim / num_global_key_value_heads into per-layer overrides of
         # the full-attention layers; mlx_lm reads the top-level names
-        full = [per_layer.get(str(i)) or {} for i, t in enumerate(types) if t == "full_attention"]
+        # keyed by the layer index, zero-padded to the widest one ("05" of 12 layers)
+        over = {int(k): v for k, v in per_layer.items()}
+        full = [over.get(i) or {} for i, t in enumerate(types) if t == "full_attention"]
         for key, name in (
             ("head_dim", "global_head_dim"),
             ("num_key_value_heads", "num_global_key_value_heads"),
@@ -137,3 +140,19 @@ def transformers_layout(model_type: str | None, weights: dict[str, mx.array]) ->
     for (prefix, name), by_e in experts.items():
         out[f"{prefix}.switch_mlp.{name}.weight"] = mx.stack([by_e[e] for e in sorted(by_e)])  # [E, out, in]
     return out
+
+
+def cast_params(model: Any, dtype: mx.Dtype, *, recast_quantized: bool) -> None:
+    """Cast an mlx_lm model's floating-point parameters to `dtype`, except the scales and biases of
+    quantized layers (their precision is part of the checkpoint) unless `recast_quantized`."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    params = tree_flatten(model.parameters())
+    keep = ("scales", "biases") if not recast_quantized else ()
+    cast = [
+        (k, v.astype(dtype))
+        for k, v in params
+        if mx.issubdtype(v.dtype, mx.floating) and k.rsplit(".", 1)[-1] not in keep
+    ]
+    model.update(tree_unflatten(cast))

@@ -116,6 +116,10 @@ def test_config_fixes_for_new_families():
         wrapped["text_config"]["global_head_dim"] == 32
         and wrapped["text_config"]["model_type"] == "gemma4_text"
     )
+    # transformers 5.25 pads the keys of a model of 10+ layers to one width: "05" is layer 5
+    twelve = {**g4, "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2,
+              "per_layer_config": {"05": {"head_dim": 512}, "11": {"head_dim": 512}}}  # fmt: skip
+    assert config_fixes(twelve)["global_head_dim"] == 512
     bad = {**g4, "per_layer_config": {"1": {"head_dim": 32}, "3": {"head_dim": 64}}}
     with pytest.raises(ValueError, match="disagree on head_dim"):
         config_fixes(bad)

@@ -56,7 +56,7 @@ from specdec.bridges.mlx import (
     text_model,
     to_torch,
 )
-from specdec.compat import config_fixes, model_classes
+from specdec.compat import cast_params, config_fixes, model_classes
 from specdec.drafting.formats import refuse_as_model
 from specdec.kernels import MAX_VERIFY_TOKENS, TreeAttention
 from specdec.measure import trees_equal_chains, verify_equals_steps
@@ -100,21 +100,6 @@ _WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text", "gemma4_text", "gpt_
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
 
 MLX_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-
-
-def _cast(model: nn.Module, dtype: mx.Dtype, *, recast_quantized: bool) -> None:
-    """Cast the model's floating-point parameters to `dtype`, except the scales and biases of quantized
-    layers (their precision is part of the checkpoint) unless `recast_quantized`."""
-    from mlx.utils import tree_flatten, tree_unflatten
-
-    params = tree_flatten(model.parameters())
-    keep = ("scales", "biases") if not recast_quantized else ()
-    cast = [
-        (k, v.astype(dtype))
-        for k, v in params
-        if mx.issubdtype(v.dtype, mx.floating) and k.rsplit(".", 1)[-1] not in keep
-    ]
-    model.update(tree_unflatten(cast))
 
 
 def _dtype_name(d: mx.Dtype) -> str:
@@ -186,7 +171,7 @@ class MLXVerifier:
         if dtype is not None:
             if dtype not in MLX_DTYPES:
                 raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(MLX_DTYPES)}")
-            _cast(model, MLX_DTYPES[dtype], recast_quantized=recast_quantized)
+            cast_params(model, MLX_DTYPES[dtype], recast_quantized=recast_quantized)
         # evaluate every parameter here: MLX >= 0.32 keeps default streams per thread, and a lazy array (a
         # cast) made on this thread cannot be evaluated on the thread that decodes (a server's, an app's)
         mx.eval(model.parameters())
