@@ -530,10 +530,10 @@ def resolve_model(arg: str | Path, *, progress: bool = True) -> Path | str:
     )
 
 
-#: what a hub drafter download may fetch: the public DFlash format, nothing executable
-#: what a drafter repo id fetches: configs and weights only (yuhuili's EAGLE-3 checkpoints ship a
-#: pytorch_model.bin, read with torch.load(weights_only=True): no pickled code runs)
-DRAFTER_FILES = ("config.json", "*.safetensors", "pytorch_model.bin")
+#: what a drafter repo id fetches: configs and weights only, nothing executable (yuhuili's EAGLE-3
+#: checkpoints ship a pytorch_model.bin, read with torch.load(weights_only=True): no pickled code runs; a
+#: Gemma-4 assistant's generation_config.json names its drafts per step)
+DRAFTER_FILES = ("config.json", "generation_config.json", "*.safetensors", "pytorch_model.bin")
 
 
 def resolve_drafter(spec: str, *, revision: str | None = None) -> Path:

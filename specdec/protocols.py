@@ -15,9 +15,9 @@ What some verifiers or drafters can also do is declared here too, as protocols o
 test with `isinstance`: `NativeFeatures` (features in the verifier's own arrays, for a drafter of its
 runtime), `SampledProposals` (a drafter's logits, for sampled drafts at T > 0), `SampledWalk` (a drafter
 that samples a walk of dependent drafts itself), `TreeVerify` / `TreeProposals` (tree verification,
-`specdec.tree`), `Describes` (what the
-result JSON records about it), `BatchFeatures` and `BatchGeneration` (what training uses when a verifier
-has them).
+`specdec.tree`), `SharedKV` (the keys / values of its attention layers, for a Gemma-4 assistant),
+`Describes` (what the result JSON records about it), `BatchFeatures` and `BatchGeneration` (what
+training uses when a verifier has them).
 """
 
 from __future__ import annotations
@@ -250,6 +250,23 @@ class TreeProposals(Protocol):
 
     def propose_tree(self, last_token: int, depth: int, budget: TreeBudget) -> Tree:
         """A tree rooted at `last_token` of at most `depth` levels below it, within `budget`."""
+        ...
+
+
+@runtime_checkable
+class SharedKV(Protocol):
+    """A verifier that hands a drafter the keys and values its attention layers hold for the committed
+    positions (a Gemma-4 assistant attends over the target's own K/V and has no cache of its own)."""
+
+    def keep_window(self, n: int) -> None:
+        """Keep at least the n most recent positions in every sliding-window layer, also across rollbacks
+        (the layer needs fewer itself); applies to the cache from now on."""
+        ...
+
+    def shared_kv(self, layer: int, *, last: int | None = None) -> tuple[Any, Any]:
+        """Keys and values [1, H_kv, T, D] of decoder layer `layer` (post-norm, post-RoPE, as its attention
+        reads them) for the cached positions, or the `last` most recent of them; the verifier's own arrays,
+        views where the runtime has them (no copy of the cache), valid until its next call."""
         ...
 
 

@@ -49,7 +49,7 @@ CPU = torch.device("cpu")
 
 
 def scripted_steps(
-    drafter, v, ref, *, prompt: Sequence[int], steps: int = 9, k: int = 4, logits=None
+    drafter, v, ref, *, prompt: Sequence[int], steps: int = 9, k: int = 4, logits=None, atol: float = 1e-4
 ) -> list:
     """Drive `drafter` through accept-all, accept-none and partial steps and rollbacks, the verifier
     giving the features of what is committed; at each step `ref(tokens, feats, last, k)` (the committed
@@ -69,7 +69,7 @@ def scripted_steps(
         got = drafter.propose(last, k)
         assert got == want, (step, got, want)
         got_logits = (logits or drafter_logits)(drafter, last, k)
-        torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got_logits, want_logits, atol=atol, rtol=1e-4)
         out.append((got, got_logits))
         if step == "rollback":  # a stop-string cut or an edited history: 3 committed positions dropped
             v.rollback(3)

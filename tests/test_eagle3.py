@@ -370,7 +370,12 @@ def test_a_hub_repo_id_fetches_what_eagle3_dialects_ship(monkeypatch, tmp_path):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
     monkeypatch.setattr(models, "_hub_reachable", lambda: True)
     assert models.resolve_drafter("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") == tmp_path
-    assert set(seen["allow_patterns"]) == {"config.json", "*.safetensors", "pytorch_model.bin"}
+    assert set(seen["allow_patterns"]) == {
+        "config.json",
+        "generation_config.json",
+        "*.safetensors",
+        "pytorch_model.bin",
+    }
 
 
 # ---- P-EAGLE: the block in one forward ------------------------------------------------------------------

@@ -51,7 +51,13 @@ def tiny_gemma3(path: Path, *, seed: int = 0, sliding_window: int = 16) -> Path:
 
 
 def tiny_gemma4(
-    path: Path, *, seed: int = 0, sliding_window: int = 16, moe: bool = False, kv_shared: int | None = None
+    path: Path,
+    *,
+    seed: int = 0,
+    sliding_window: int = 16,
+    moe: bool = False,
+    kv_shared: int | None = None,
+    vocab: int = 320,
 ) -> Path:
     """Gemma 4 text model: sliding + full layers (the full ones with their own head_dim and proportional
     partial RoPE), soft-capping 30, tied head, layer scalars != 1. Dense is shaped like E2B/E4B: per-layer
@@ -67,12 +73,12 @@ def tiny_gemma4(
              attention_k_eq_v=True, num_global_key_value_heads=2, hidden_size_per_layer_input=0,
              num_kv_shared_layers=0)
         if moe
-        else dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=320, num_kv_shared_layers=2)
+        else dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab, num_kv_shared_layers=2)
     )  # fmt: skip
     if kv_shared is not None:
         kw["num_kv_shared_layers"] = kv_shared
     cfg = Gemma4TextConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=1, head_dim=16, global_head_dim=32,
         max_position_embeddings=1024, sliding_window=sliding_window, final_logit_softcapping=30.0,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
@@ -85,6 +91,53 @@ def tiny_gemma4(
             if moe:
                 layer.router.scale.uniform_(0.5, 1.5)
                 layer.router.per_expert_scale.uniform_(0.5, 1.5)
+    return _save(model, path)
+
+
+def tiny_gemma4_assistant(
+    path: Path,
+    *,
+    seed: int = 0,
+    sliding_window: int = 16,
+    moe: bool = False,
+    ordered: bool = False,
+    drafts: int | None = None,
+    vocab: int = 320,
+    centroids: int = 16,
+) -> Path:
+    """A Gemma-4 assistant for `tiny_gemma4` (same `sliding_window` and `moe`): two KV-shared layers
+    (sliding, full) of hidden 32 reading the target's K/V shapes, pre/post projections to its hidden 64,
+    and with `ordered` a centroid head (`centroids` of vocab / centroids tokens each, top 4 or half of
+    them) over a random token order.
+    `drafts`: the `num_assistant_tokens` its generation_config.json names."""
+    import torch
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
+
+    torch.manual_seed(seed)
+    kv = dict(attention_k_eq_v=True, num_global_key_value_heads=2) if moe else {}
+    text = Gemma4TextConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, global_head_dim=32, sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=0, num_kv_shared_layers=2, final_logit_softcapping=30.0,
+        max_position_embeddings=1024, bos_token_id=2, eos_token_id=1, pad_token_id=0, **kv,
+    )  # fmt: skip
+    cfg = Gemma4AssistantConfig(
+        text_config=text, backbone_hidden_size=64, use_ordered_embeddings=ordered, num_centroids=centroids,
+        centroid_intermediate_top_k=min(4, centroids // 2),
+    )  # fmt: skip
+    model = Gemma4AssistantForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.layer_scalar.fill_(0.5 + torch.rand(()).item())
+        if ordered:
+            order = torch.randperm(vocab)
+            model.masked_embedding.token_ordering.copy_(order)
+            # as trained ones are: each centroid near its tokens' head rows (their mean, scaled up)
+            rows = model.lm_head.weight[order.view(centroids, -1)]  # [C, V/C, H]
+            model.masked_embedding.centroids.weight.copy_(rows.mean(1) * rows.shape[1] ** 0.5)
+    if drafts is not None:
+        model.generation_config.num_assistant_tokens = drafts
     return _save(model, path)
 
 

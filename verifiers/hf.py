@@ -59,7 +59,14 @@ from specdec.protocols import (
     check_layer_ids,
 )
 from specdec.tree import Tree
-from specdec.verifiers.hf_parts import TREE, attend_invariant, growing_layer, sdpa_gqa, set_attention
+from specdec.verifiers.hf_parts import (
+    TREE,
+    attend_invariant,
+    growing_layer,
+    sdpa_gqa,
+    set_attention,
+    wide_sliding_layer,
+)
 
 __all__ = ["EXACT_ROLLBACK_LAYER_TYPES", "HFVerifier"]
 
@@ -165,6 +172,7 @@ class HFVerifier:
         self._hooks: list[Any] = []
         self._captured: dict[int, torch.Tensor] = {}  # layer id -> [T, H] of the last call
         self._weights: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+        self._window_keep = 0  # sliding layers keep at least this many positions (`keep_window`)
         self.reset()
         # measured on this model here (a verify vs one-token steps), not inferred from a toy shape
         self.batch_invariant = (
@@ -265,7 +273,7 @@ class HFVerifier:
         exact = tuple(getattr(cache_utils, n) for n in names if hasattr(cache_utils, n))
         odd = sorted({
             type(la).__name__ for la in self._cache.layers
-            if type(la) not in exact and not getattr(la, "exact_rollback", False)  # ours: GrowingLayer
+            if type(la) not in exact and not getattr(la, "exact_rollback", False)  # ours (hf_parts)
         })  # fmt: skip
         if odd:
             raise RuntimeError(
@@ -280,6 +288,10 @@ class HFVerifier:
         self._cache = kv = DynamicCache(config=self.model.config)
         grow = growing_layer()  # in place of the plain layers (the sliding and shared ones stay as they are)
         kv.layers = [grow() if type(la) is DynamicLayer else la for la in kv.layers]
+        if self._window_keep:
+            for la in kv.layers:
+                if getattr(la, "is_sliding", False):
+                    wide_sliding_layer(la, self._window_keep)
         # sliding layers keep what a verify appended until the crop that follows it, linear-attention
         # layers their conv inputs and the recurrent states `forward` asks for (see module docstring)
         self._linear = [la for la in kv.layers if isinstance(la, LinearAttentionCacheLayerMixin)]
@@ -326,12 +338,13 @@ class HFVerifier:
         T, n = self._tree_size, len(path)
         rows = torch.tensor(path, device=self.device)
         for la in self._cache.layers:
-            if getattr(la, "exact_rollback", False):  # ours: GrowingLayer
+            if getattr(la, "is_sliding", False):  # keeps all since the last crop
+                if la.is_initialized:
+                    la.keys = torch.cat([la.keys[:, :, :-T], la.keys[:, :, -T:][:, :, rows]], 2)
+                    la.values = torch.cat([la.values[:, :, :-T], la.values[:, :, -T:][:, :, rows]], 2)
+                    la.cumulative_length -= T - n
+            elif getattr(la, "exact_rollback", False):  # ours: GrowingLayer
                 la.keep_last(T, rows)
-            elif getattr(la, "is_sliding", False) and la.is_initialized:  # keeps all since the last crop
-                la.keys = torch.cat([la.keys[:, :, :-T], la.keys[:, :, -T:][:, :, rows]], 2)
-                la.values = torch.cat([la.values[:, :, :-T], la.values[:, :, -T:][:, :, rows]], 2)
-                la.cumulative_length -= T - n
         self._pos -= T - n
         self._since_crop -= T - n
         self._tree_size = 0
@@ -412,6 +425,29 @@ class HFVerifier:
             getattr(la, "is_sliding", False) and la.get_seq_length() >= la.sliding_window
             for la in self._cache.layers
         )
+
+    def keep_window(self, n: int) -> None:
+        """`SharedKV`: sliding layers keep at least n positions (a fresh cache is made where they would
+        have to start now)."""
+        if n > self._window_keep:
+            self._window_keep = n
+            for la in self._cache.layers:
+                if getattr(la, "is_sliding", False):
+                    wide_sliding_layer(la, n)  # holds at least what it held: still exact from here
+
+    def shared_kv(self, layer: int, *, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`SharedKV`: layer `layer`'s cached keys and values [1, H_kv, T, D] (views)."""
+        la = self._cache.layers[layer]
+        if not getattr(la, "is_initialized", False) or la.keys is None:
+            raise ValueError(
+                f"layer {layer} of {self.model_name} holds no keys (KV-shared, or nothing cached)"
+            )
+        k, v = la.keys, la.values  # the cached positions (a sliding layer: the most recent), in order
+        if last is not None:
+            if getattr(la, "is_sliding", False) and k.shape[-2] < min(last, self._pos):
+                raise ValueError(f"layer {layer} holds {k.shape[-2]} positions, {last} asked (keep_window)")
+            k, v = k[:, :, -last:], v[:, :, -last:]
+        return k, v
 
     def features(self, n: int, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         if not self._layer_ids:

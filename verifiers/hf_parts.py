@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from specdec.kernels import TreeAttention, invariant_attention
 
-__all__ = ["TREE", "attend_invariant", "growing_layer", "sdpa_gqa", "set_attention"]
+__all__ = ["TREE", "attend_invariant", "growing_layer", "sdpa_gqa", "set_attention", "wide_sliding_layer"]
 
 
 #: the tree a `verify_tree` on this thread is running: our attention functions then attend by its mask
@@ -181,3 +181,28 @@ def growing_layer() -> type:
             super().reset()
 
     return GrowingLayer
+
+
+def wide_sliding_layer(layer: Any, keep: int) -> Any:
+    """transformers' `DynamicSlidingWindowLayer` `layer`, switched in place to keep the `keep` most recent
+    positions after a crop instead of `sliding_window - 1` (a Gemma-4 assistant reads the last window + 1
+    keys of the target's sliding layer). What attention sees is unchanged: its `update` hands attention
+    the last `sliding_window - 1 + T` positions whatever the layer holds, and its mask comes from the
+    position count (`get_mask_sizes`), not from the stored length."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    class WideSlidingLayer(DynamicSlidingWindowLayer):
+        exact_rollback = True  # for `check_rollback`: its crop is transformers' own, keeping more
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if self.get_seq_length() < self.sliding_window or tokens_to_remove > 0:
+                return super().crop(tokens_to_remove)  # all positions held (or its own error)
+            end = self.keys.shape[-2] + tokens_to_remove  # minus the positions to remove
+            start = max(end - max(self.keep, self.sliding_window - 1), 0)
+            self.keys, self.values = self.keys[:, :, start:end], self.values[:, :, start:end]
+            self.cumulative_length += tokens_to_remove
+
+    if type(layer) is DynamicSlidingWindowLayer:
+        layer.__class__ = WideSlidingLayer
+    layer.keep = keep
+    return layer

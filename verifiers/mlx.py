@@ -548,6 +548,23 @@ class MLXVerifier:
             raise ValueError(f"asked for {n} feature rows, the last call captured {self._feats.shape[0]}")
         return self._feats[:n]
 
+    def keep_window(self, n: int) -> None:
+        """`SharedKV`: the sliding layers hold every position here already (plain KVCaches)."""
+        if any(type(c) is RotatingKVCache for c in self._cache):
+            raise ValueError(
+                f"{self.model_name}'s sliding layers keep a rotating window; none is handed over"
+            )
+
+    def shared_kv(self, layer: int, *, last: int | None = None) -> tuple[mx.array, mx.array]:
+        """`SharedKV`: layer `layer`'s cached keys and values [1, H_kv, T, D] (slices of its cache)."""
+        c = self._cache[layer] if layer < len(self._cache) else None
+        if type(c) not in _EXACT_CACHES or c.keys is None:
+            raise ValueError(
+                f"layer {layer} of {self.model_name} holds no keys (KV-shared, or nothing cached)"
+            )
+        start = 0 if last is None else max(c.offset - last, 0)
+        return c.keys[:, :, start : c.offset], c.values[:, :, start : c.offset]
+
     # ---- drafter callbacks ---------------------------------------------------------------------------
 
     def _weight(self, which: str, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:

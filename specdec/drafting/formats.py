@@ -102,7 +102,7 @@ def identify(raw: Mapping[str, Any], files: Collection[str] = ()) -> Format:
     if "medusa_num_heads" in raw or mt == "medusa":
         return fmt("medusa", "")
     if mt in ("gemma4_assistant", "gemma4_unified_assistant"):
-        return fmt("gemma4-assistant", "")
+        return fmt("gemma4-assistant", "unified" if "unified" in mt else "")
     if mt.endswith("_mtp"):
         return fmt("mtp", "split")
     if "pard_token" in raw or "ptd_token_id" in raw:
