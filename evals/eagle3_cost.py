@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specdec.args import Parser, at_least, run_main
+from specdec.evals.report import median_ms
 
 MODEL = "smollm2-135m"
 
@@ -65,16 +64,6 @@ def random_drafter(folder: Path, target: Any) -> Path:
     return save_eagle3(folder, cfg, state)
 
 
-def _median_ms(fn: Any, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 3)
-
-
 def cost(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import torch
 
@@ -94,9 +83,9 @@ def cost(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         d.extend(v.features(len(prompt), device=torch.device("cpu"), dtype=d.dtype), prompt)
         if d is e3:
             for k in (1, 2, 4, 7):
-                out["eagle3_ms"][k] = _median_ms(lambda d=d, k=k, t=last: d.propose(t, k), args.reps)
+                out["eagle3_ms"][k] = median_ms(lambda d=d, k=k, t=last: d.propose(t, k), args.reps)
         else:
-            out["dflash_block_ms"] = _median_ms(lambda d=d, t=last: d.propose(t, d.block_size - 1), args.reps)
+            out["dflash_block_ms"] = median_ms(lambda d=d, t=last: d.propose(t, d.block_size - 1), args.reps)
             out["dflash_block_size"] = d.block_size
     v.set_target_layers(())
 
@@ -105,7 +94,7 @@ def cost(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         v.rollback(b)
 
     for b in (1, 2, 4, 8):
-        out["verify_ms"][b] = _median_ms(lambda b=b: verify(b), args.reps)
+        out["verify_ms"][b] = median_ms(lambda b=b: verify(b), args.reps)
     e = out["eagle3_ms"]
     out["eagle3_step_ms"] = round((e[7] - e[1]) / 6, 3)  # each chained draft row past the first
     return out

@@ -19,12 +19,13 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specdec.args import Parser, at_least, run_main
 from specdec.evals.hybrid_cost import SIZES, build
+from specdec.evals.report import median_ms
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,16 +64,6 @@ def add_mtp_layers(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
-def _ms(fn: Callable[[], Any], reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 3)
-
-
 def _context(v: Any, d: Any, prompt: list[int]) -> int:
     import torch
 
@@ -99,7 +90,7 @@ def measure(path: Path, reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {"verify_ms": {}, "mtp_ms": {}}
     last = _context(v, mtp, prompt)
     for k in (1, 3, 7):
-        out["mtp_ms"][k] = _ms(lambda k=k: mtp.propose(last, k), reps)
+        out["mtp_ms"][k] = median_ms(lambda k=k: mtp.propose(last, k), reps)
     cfg = DFlashConfig(
         hidden_size=v.hidden_size, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=2 * v.hidden_size, vocab_size=v.vocab_size, num_target_layers=v.num_layers,
@@ -108,7 +99,7 @@ def measure(path: Path, reps: int) -> dict[str, Any]:
     dflash = DFlashDrafter(DFlashDraftModel(cfg))
     dflash.bind(v)
     last = _context(v, dflash, prompt)
-    out["dflash_block_ms"] = _ms(lambda: dflash.propose(last, 7), reps)
+    out["dflash_block_ms"] = median_ms(lambda: dflash.propose(last, 7), reps)
     out["draft_model_token_ms"] = _draft_token(HFVerifier(path), prompt, last, reps)
     v.set_target_layers(mtp.target_layer_ids)
     last = _context(v, mtp, prompt)
@@ -120,7 +111,7 @@ def measure(path: Path, reps: int) -> dict[str, Any]:
             drafter.rollback(0)
 
     for b in (1, 4, 8):
-        out["verify_ms"][b] = _ms(lambda b=b: verify(b), reps)
+        out["verify_ms"][b] = median_ms(lambda b=b: verify(b), reps)
     rb = _rollbacks(v, mtp, last, reps)
     return out | rb
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -308,6 +309,21 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def median_ms(fn: Callable[[], Any], reps: int) -> float:
+    """The median of `reps` timed calls of `fn` after one untimed warm-up, in ms (3 decimals); each call
+    ends at a sync of its own (a token list, a tensor the caller evaluates)."""
+    import statistics
+    import time
+
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return round(statistics.median(times), 3)
 
 
 def figures_header(module: str) -> dict[str, Any]:

@@ -310,6 +310,19 @@ def test_kv_shapes_in_both_config_forms():
     assert bare["layer_types"] == types and kv_shape(bare, 5) == (4, 256) and bare["sliding_window"] == 512
 
 
+def test_cost_benchmark_runs(tmp_path, capsys):
+    """`python -m specdec.evals.assistant_cost` (docs/drafters.md), on the tiny shape."""
+    import json
+
+    from specdec.evals.assistant_cost import main
+
+    out = tmp_path / "cost.json"
+    args = ["--sizes", "tiny", "--runtimes", "hf", "--reps", "3", "--context", "40", "--out", str(out)]
+    assert main(args) == 0
+    hf = json.loads(out.read_text())["sizes"]["tiny"]["hf"]
+    assert hf["assistant_ms"]["7"] > hf["assistant_ms"]["1"] > 0 and hf["handover_ms"] >= 0
+
+
 def test_broken_assistant_checkpoints_are_one_line_before_anything_loads(folders, tmp_path):
     import json
     import shutil
