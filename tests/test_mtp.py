@@ -52,7 +52,7 @@ def transformers_reference(v: HFVerifier):
     from an empty `MtpCache` at every depth on the main model's own `hidden_states[-1]` (normed)."""
     from transformers.cache_utils import MtpCache
 
-    mtp = load_mtp_model(v.model, 1)
+    mtp = load_mtp_model(v.model, 1, cpu_linears=False)  # as transformers runs it
 
     @torch.no_grad()
     def ref(tokens, feats, last, k):
