@@ -358,11 +358,13 @@ def generate(
     cfg: DecodeConfig | None = None,
     prompt_id: str = "0",
     jsonl: JsonlWriter | None = None,
+    cancel: threading.Event | None = None,
 ) -> PromptResult:
-    """Run `decode` to the end and collect a PromptResult (steps also appended to `jsonl`)."""
+    """Run `decode` to the end (or until `cancel` is set) and collect a PromptResult (steps also appended
+    to `jsonl`)."""
     cfg = cfg or DecodeConfig()
     steps: list[StepRecord] = []
-    for step in decode(verifier, prompt, drafter=drafter, cfg=cfg):
+    for step in decode(verifier, prompt, drafter=drafter, cfg=cfg, cancel=cancel):
         steps.append(step)
         if jsonl is not None:
             jsonl.write({"prompt_id": prompt_id, **step.to_json()})
@@ -374,5 +376,6 @@ def generate(
         steps=steps,
         output_tokens=tokens,
         text=tok.decode(tokens) if tok is not None else None,
-        finish_reason=steps[-1].finish_reason or "stop",
+        finish_reason=steps[-1].finish_reason
+        or ("cancelled" if cancel is not None and cancel.is_set() else "stop"),
     )

@@ -121,7 +121,7 @@ def test_a_dead_worker_shows_in_health_and_calls_on_death():
     app = build_app(StreamingEngine(StubVerifier()), model_name="stub", on_death=deaths.append)
     worker = app.state.worker
     worker.jobs.put_nowait(Poison())
-    worker._thread.join(timeout=10)
+    worker._threads[0].join(timeout=10)
     assert not worker.alive and isinstance(deaths[0], SystemError)
     with TestClient(app) as c:
         r = c.get("/health")
@@ -155,7 +155,7 @@ def test_stop_returns_promptly_with_a_full_queue():
     assert worker.submit(jobs[1]) and not worker.submit(jobs[2])  # one waits, the next is refused
     t0 = time.perf_counter()
     worker.stop()
-    assert time.perf_counter() - t0 < 10 and not worker._thread.is_alive()
+    assert time.perf_counter() - t0 < 10 and not any(t.is_alive() for t in worker._threads)
     loop.close()
 
 
@@ -163,9 +163,10 @@ def test_max_queue_zero_means_no_waiting():
     from specdec.serve import Worker
 
     w = Worker(StreamingEngine(StubVerifier()), max_queue=0)
-    w.busy = True  # pretend a request is running
+    running = object()
+    w.running.add(running)  # pretend a request is running
     assert w.submit(object()) is False  # type: ignore[arg-type]
-    w.busy = False
+    w.running.discard(running)
     w.stop()
 
 

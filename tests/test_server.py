@@ -66,6 +66,15 @@ def _serve(engine: StreamingEngine, **kw) -> Iterator[Served]:
         s.stop()
 
 
+def at_once(fn, n: int) -> None:
+    """fn(0) .. fn(n - 1), each on a thread of its own, all started before any is waited for."""
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
     yield from _serve(_engine(), model_name="stub", max_queue=2)
@@ -183,11 +192,7 @@ def test_eight_concurrent_clients_none_lost_or_mixed(max_queue, ref):
         except openai.APIStatusError as e:
             got[i] = e
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    at_once(ask, 8)
     serving.close()
     assert sorted(got) == list(range(8))  # none lost
     served_ok = [i for i, v in got.items() if isinstance(v, str)]
@@ -283,3 +288,52 @@ def test_smollm2_server_matches_python_api(capsys):
             f"{n / api_wall:.1f} tok/s wall; server {r.model_extra['specdec']['tokens_per_s']:.1f} tok/s "
             f"decode, {n / http_wall:.1f} tok/s wall (HTTP round trip included)"
         )
+
+
+def test_max_batch_eight_streaming_clients_each_get_their_solo_text(tmp_path):
+    """`--max-batch 4`: four engines on sequences of one `HFBatch` (tiny Llama, bf16), eight streaming
+    clients at once, each with its own prompt and sampling: each gets the text its request gives alone
+    on the plain verifier. Where this machine's bf16 verify is not batch-invariant the batch is refused."""
+    import tinymodels
+    import torch
+
+    from specdec.sampling import SamplingParams
+    from specdec.verifiers.hf import HFVerifier
+    from specdec.verifiers.hf_batch import HFBatch
+
+    folder = tinymodels.tiny_tokenizer(tinymodels.tiny_llama(tmp_path / "llama"), bos=1, eos=2)
+    v = HFVerifier(folder, dtype=torch.bfloat16)
+    if not v.batch_invariant:
+        with pytest.raises(ValueError, match="not batch-invariant here"):
+            HFBatch(v)
+        return
+    batch = HFBatch(v)
+    engines = [StreamingEngine(batch.sequence(), PromptLookupDrafter(block_size=BLOCK)) for _ in range(4)]
+    prompts = [f"client {i}: " + "abc " * (i + 2) for i in range(8)]
+    temps = [0.0 if i % 2 else 0.8 for i in range(8)]
+    solo = StreamingEngine(HFVerifier(folder, dtype=torch.bfloat16), PromptLookupDrafter(block_size=BLOCK))
+    want = [
+        solo.complete(p, max_tokens=24, sampling=SamplingParams(temperature=t, seed=7)).text
+        for p, t in zip(prompts, temps, strict=True)
+    ]
+    got: dict[int, str] = {}
+    serving = _serve(engines, batch=batch, model_name="tiny", max_queue=8)
+    served = next(serving)
+
+    def ask(i: int) -> None:
+        client = served.client(max_retries=0, timeout=120)
+        parts = client.completions.create(model="tiny", prompt=prompts[i], max_tokens=24, stream=True,
+                                          temperature=temps[i], seed=7)  # fmt: skip
+        got[i] = "".join(c.choices[0].text for c in parts if c.choices)
+
+    at_once(ask, 8)
+    serving.close()
+    assert [got.get(i) for i in range(8)] == want and all(want)
+    assert max(batch.sizes) > 1  # verifies did share forwards
+
+
+def test_max_batch_is_refused_where_it_cannot_run(capsys):
+    from specdec.cli import main
+
+    assert main(["serve", "--verifier", "stub", "--max-batch", "2", "--port", "0"]) == 2
+    assert "--max-batch runs chains on the HF verifier" in capsys.readouterr().err

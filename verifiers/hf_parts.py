@@ -1,10 +1,12 @@
 """What the HF verifier puts into transformers: attention functions registered under its attention
 interface (copy-free grouped-query SDPA, the batch-invariant attention of bf16 / fp16 verifies, the tree
-verify's attention) and the cache layer that grows in place. `specdec.verifiers.hf` uses them."""
+verify's attention, a packed forward's attention of several sequences) and cache layers (the one that
+grows in place, a wider sliding one, a packed forward's). `specdec.verifiers.hf` uses them."""
 
 from __future__ import annotations
 
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -13,11 +15,17 @@ import torch.nn.functional as F
 
 from specdec.kernels import TreeAttention, invariant_attention
 
-__all__ = ["TREE", "attend_invariant", "growing_layer", "sdpa_gqa", "set_attention", "wide_sliding_layer"]
+__all__ = [
+    "PACK", "TREE", "Packed", "attend_invariant", "attend_packed", "growing_layer", "packed_layer",
+    "sdpa_gqa", "set_attention", "wide_sliding_layer",
+]  # fmt: skip
 
 
 #: the tree a `verify_tree` on this thread is running: our attention functions then attend by its mask
 TREE: ContextVar[TreeAttention | None] = ContextVar("specdec_tree", default=None)
+#: the packed forward of several sequences this thread is running (`Packed`, `hf_batch`): the invariant
+#: attention then attends each sequence's rows over its own cache (`attend_packed`)
+PACK: ContextVar[Any] = ContextVar("specdec_pack", default=None)
 
 
 def sdpa_gqa(
@@ -67,6 +75,8 @@ def attend_invariant(
     let each position see the ones after it (SmolLM2-135M bf16: 2.6% of argmaxes right)."""
     if (tree := TREE.get()) is not None:
         return _attend_tree(module, query, key, value, tree, **kw)
+    if (pack := PACK.get()) is not None:
+        return attend_packed(module, query, pack, **kw), None
     pos = kw.get("position_ids")
     T, S = query.shape[2], key.shape[2]
     start = int(pos[0, -1]) - S + 1 if pos is not None else 0
@@ -206,3 +216,59 @@ def wide_sliding_layer(layer: Any, keep: int) -> Any:
         layer.__class__ = WideSlidingLayer
     layer.keep = keep
     return layer
+
+
+@dataclass
+class Packed:
+    """One packed forward: each sequence's cache and its rows' span [start, end) in the packed rows; the
+    keys / values each layer's update left in each sequence's cache (read by `attend_packed`)."""
+
+    caches: list[Any]
+    spans: list[tuple[int, int]]
+    kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+
+
+def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **kw: Any) -> torch.Tensor:
+    """The attention of a packed forward: each sequence's rows over its own cache, as `attend_invariant`
+    computes a call of that sequence alone (causal, the keys aligned from absolute position 0), in one
+    batched call: the sequences' rows and keys padded to the longest (rows of zeros, keys masked), which
+    `invariant_attention` computes each real row of bit for bit as alone (measured: `hf_batch`).
+    query [1, heads, sum T, D] -> [1, sum T, heads, D]."""
+    kv = pack.kv[module.layer_idx]
+    lens = [(e - s, k.shape[2]) for (s, e), (k, _) in zip(pack.spans, kv, strict=True)]
+    Tm, Sm = max(t for t, _ in lens), max(n for _, n in lens)
+    q = torch.stack(
+        [F.pad(query[0, :, s:e], (0, 0, 0, Tm - (e - s))) for s, e in pack.spans]
+    )  # [B, H, Tm, D]
+    k = torch.stack([F.pad(k_[0], (0, 0, 0, Sm - k_.shape[2])) for k_, _ in kv])  # [B, Hkv, Sm, D]
+    v = torch.stack([F.pad(v_[0], (0, 0, 0, Sm - v_.shape[2])) for _, v_ in kv])
+    rows = torch.arange(Tm, device=q.device)[:, None]  # [Tm, 1]
+    keys = torch.arange(Sm, device=q.device)[None]  # [1, Sm]
+    # row j of a call of T rows over S keys sees keys 0..S-T+j; a padding row sees key 0 (no empty softmax)
+    mask = torch.stack([(keys <= S - T + rows) & ((rows < T) | (keys == 0)) for T, S in lens])[:, None]
+    scale = kw.get("scaling") or query.shape[-1] ** -0.5
+    out = invariant_attention(q, k, v, mask, scale=scale, softcap=kw.get("softcap"))  # [B, H, Tm, D]
+    return torch.cat([out[b, :, :T] for b, (T, _) in enumerate(lens)], 1).transpose(0, 1)[None].contiguous()
+
+
+def packed_layer(pack: Packed, layer: int) -> Any:
+    """A cache layer of a packed forward: appends each sequence's rows to that sequence's own cache."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PackedLayer(DynamicLayer):
+        is_initialized = True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *a: Any, **kw: Any) -> Any:
+            pack.kv[layer] = [
+                c.layers[layer].update(key_states[:, :, s:e], value_states[:, :, s:e])
+                for c, (s, e) in zip(pack.caches, pack.spans, strict=True)
+            ]
+            return key_states, value_states  # unread: `attend_packed` reads `pack.kv`
+
+        def get_seq_length(self) -> int:
+            return 0
+
+        def get_mask_sizes(self, query_length: int, *a: Any) -> tuple[int, int]:
+            return query_length, 0  # a mask nobody reads (`attend_packed`)
+
+    return PackedLayer()

@@ -9,7 +9,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from specdec.sampling import SamplingParams
@@ -30,20 +30,23 @@ __all__ = ["build_app"]
 
 
 def build_app(
-    engine: StreamingEngine,
+    engine: StreamingEngine | Sequence[StreamingEngine],
     *,
+    batch: Any = None,
     model_name: str | None = None,
     max_queue: int = 16,
     default_max_tokens: int = 512,
     sampling: SamplingParams | None = None,
     on_death: Callable[[BaseException], None] | None = None,
 ) -> Any:
-    """The Starlette app; `app.state.worker` is the Worker (its thread starts here; `on_death` as there)."""
+    """The Starlette app; `app.state.worker` is the Worker (its threads start here; `on_death` as there).
+    Several engines (on sequences of one `HFBatch`, `batch`) serve as many requests at once."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    worker = Worker(engine, max_queue=max_queue, default_max_tokens=default_max_tokens, on_death=on_death)
-    r = _Routes(worker, model_name or engine.verifier.model_name, sampling or SamplingParams())
+    worker = Worker(engine, batch=batch, max_queue=max_queue, default_max_tokens=default_max_tokens,
+                    on_death=on_death)  # fmt: skip
+    r = _Routes(worker, model_name or worker.engine.verifier.model_name, sampling or SamplingParams())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):

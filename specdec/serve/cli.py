@@ -36,6 +36,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--default-max-tokens", type=at_least(1), default=512, help="when a request gives no max_tokens"
     )
     p.add_argument("--no-reuse", action="store_true", help="prefill every prompt whole (no prefix reuse)")
+    p.add_argument(
+        "--max-batch", type=at_least(1, 16), default=1,
+        help="requests served at once, their verifies in one forward (HF verifier, exact or refused; "
+        "docs/batching.md); default 1: one at a time",
+    )  # fmt: skip
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
 
 
@@ -69,9 +74,10 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     import uvicorn
 
     sampling = sampling_of(args)
-    m = load(run_spec(args))
+    spec = run_spec(args)
+    m = load(spec)
     verifier = m.verifier
-    engine = StreamingEngine.from_loaded(m, max_context=args.max_context, reuse=not args.no_reuse)
+    engines, batch = _engines(spec, m, args)
     server: Any = None
     died: list[BaseException] = []
 
@@ -81,7 +87,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = build_app(
-        engine, model_name=args.served_model_name, max_queue=args.max_queue,
+        engines, batch=batch, model_name=args.served_model_name, max_queue=args.max_queue,
         default_max_tokens=args.default_max_tokens, sampling=sampling, on_death=on_death,
     )  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -94,3 +100,25 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
         print(f"error: the engine worker died: {type(died[0]).__name__}: {died[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _engines(spec: Any, m: Any, args: argparse.Namespace) -> tuple[list[StreamingEngine], Any]:
+    """The engines that serve: the loaded one, or with `--max-batch N` N on sequences of one `HFBatch`,
+    each with a drafter of its own (refused in one line where the batch cannot be exact)."""
+    reuse = not args.no_reuse
+    if args.max_batch == 1:
+        return [StreamingEngine.from_loaded(m, max_context=args.max_context, reuse=reuse)], None
+    if spec.verifier != "hf" or m.tree is not None:
+        raise ValueError("--max-batch runs chains on the HF verifier (docs/batching.md)")
+    from specdec.api import drafter_for
+    from specdec.verifiers.hf_batch import HFBatch
+
+    batch = HFBatch(m.verifier)
+    engines = []
+    for i in range(args.max_batch):
+        seq = batch.sequence()
+        d = m.drafter if i == 0 or m.drafter is None else drafter_for(spec, seq, dtype=m.dtype, costs=m.costs)
+        engines.append(
+            StreamingEngine(seq, d, block_size=m.block_size, max_context=args.max_context, reuse=reuse)
+        )
+    return engines, batch

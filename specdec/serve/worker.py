@@ -1,12 +1,15 @@
-"""The one thread that runs the engine for `specdec serve`: requests queue as `Job`s and are served one at
-a time, in arrival order; each job's events go back to its request's event loop."""
+"""The threads that run the engines of `specdec serve`: requests queue as `Job`s and are served in arrival
+order, one at a time per engine; each job's events go back to its request's event loop. With several
+engines (`--max-batch N`: N sequences of one `HFBatch`) N requests run at once, each a member of the batch
+while it runs, so their verifies share forwards."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +20,7 @@ from specdec.stream import StreamingEngine
 __all__ = ["Job", "Worker"]
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself (held in a set while it runs)
 class Job:
     params: Params
     loop: asyncio.AbstractEventLoop
@@ -32,14 +35,16 @@ class Job:
 
 
 class Worker:
-    """One thread runs the engine; at most `max_queue` requests wait for it (0: none wait, only the one
-    running). Every exception of a request becomes that request's error; should the thread itself ever end
-    for another reason, `error` says why, /health answers 503 and `on_death` runs (the CLI server exits 1)."""
+    """One thread per engine; at most `max_queue` requests wait for a free one (0: none wait). With a
+    `batch` (several engines on sequences of one `HFBatch`), a request is a member of it while it runs.
+    Every exception of a request becomes that request's error; should a thread itself ever end for another
+    reason, `error` says why, /health answers 503 and `on_death` runs (the CLI server exits 1)."""
 
     def __init__(
         self,
-        engine: StreamingEngine,
+        engines: StreamingEngine | Sequence[StreamingEngine],
         *,
+        batch: Any = None,
         max_queue: int = 16,
         default_max_tokens: int = 512,
         on_death: Callable[[BaseException], None] | None = None,
@@ -48,34 +53,42 @@ class Worker:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         if default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
-        self.engine, self.default_max_tokens = engine, default_max_tokens
+        self.engines = [engines] if isinstance(engines, StreamingEngine) else list(engines)
+        self.engine, self.batch, self.default_max_tokens = self.engines[0], batch, default_max_tokens
         self.jobs: queue.Queue[Job | None] = queue.Queue()  # bounded by `submit`
         self.max_queue = max_queue
         self.metrics = Metrics()
-        self.busy = False
-        self.current: Job | None = None
+        self.running: set[Job] = set()
         self.error: BaseException | None = None
         self._on_death = on_death
         self._lock = threading.Lock()
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(e,), name=f"specdec-worker-{i}", daemon=True)
+            for i, e in enumerate(self.engines)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.error is None
+        return all(t.is_alive() for t in self._threads) and self.error is None
 
     def submit(self, job: Job) -> bool:
         """Queue `job`; False when the queue is full (or the worker is gone)."""
         with self._lock:
-            waiting = self.jobs.qsize()
-            if self._stopping or not self.alive or (waiting >= self.max_queue and (self.busy or waiting)):
+            taken = len(self.running) + self.jobs.qsize()  # running or about to, for one of the engines
+            if self._stopping or not self.alive or taken >= len(self.engines) + self.max_queue:
                 return False
             self.jobs.put_nowait(job)
         return True
 
     def stop(self) -> None:
-        """Cancel what runs and waits, then end the thread (never blocks for long)."""
+        """Cancel what runs and waits, then end the threads (never blocks for long)."""
         with self._lock:
             self._stopping = True
             while True:
@@ -86,21 +99,26 @@ class Worker:
                 if job is not None:
                     job.cancel.set()
                     job.emit("cancelled")
-            if self.current is not None:
-                self.current.cancel.set()
-            self.jobs.put_nowait(None)
-        self._thread.join(timeout=30)
+            for job in self.running:
+                job.cancel.set()
+            for _ in self._threads:
+                self.jobs.put_nowait(None)
+        for t in self._threads:
+            t.join(timeout=30)
 
-    def _loop(self) -> None:
+    def _loop(self, engine: StreamingEngine) -> None:
         try:
             while (job := self.jobs.get()) is not None:
                 if job.cancel.is_set():  # the client left while queued
                     self.metrics.add("requests_cancelled")
                     job.emit("cancelled")
                     continue
-                self.busy, self.current = True, job
+                with self._lock:
+                    self.running.add(job)
+                member = self.batch.member(engine.verifier) if self.batch else contextlib.nullcontext()
                 try:
-                    self._serve(job)
+                    with member:
+                        self._serve(job, engine)
                 except Exception as e:  # a bug of ours: that request's 500, the next one is served
                     self.metrics.add("requests_failed")
                     job.emit(
@@ -108,15 +126,16 @@ class Worker:
                         error_body(f"internal error: {type(e).__name__}: {e}", 500) | {"status": 500},
                     )
                 finally:
-                    self.busy, self.current = False, None
+                    with self._lock:
+                        self.running.discard(job)
         except BaseException as e:
             self.error = e
             if self._on_death is not None:
                 self._on_death(e)
             raise
 
-    def _serve(self, job: Job) -> None:
-        p, eng = job.params, self.engine
+    def _serve(self, job: Job, eng: StreamingEngine) -> None:
+        p = job.params
         try:
             ids = eng.encode(p.prompt)
             limit = eng.max_context

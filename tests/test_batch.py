@@ -1,0 +1,160 @@
+"""Several requests verified together (`specdec.batch`, `verifiers/hf_batch.py`): each request's output
+equals its solo run's, token for token, whatever else is in the batch: different prompt lengths, stop
+tokens, sampling (greedy, seeded T > 0 with both rules), drafters (none, prompt lookup, DFlash, DFlash +
+lookup), requests joining while others decode and one cancelled mid-way; on tiny Llama and Qwen3 in bf16
+(where this machine's bf16 verify is batch-invariant; where not, the batch is refused in one line)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+import tinymodels
+
+from specdec.api import load_drafter
+from specdec.batch import Request, generate_many
+from specdec.drafting.checkpoint import DFlashConfig
+from specdec.drafting.dflash import DFlashDrafter
+from specdec.drafting.dflash_model import DFlashDraftModel
+from specdec.engine import DecodeConfig, generate
+from specdec.sampling import SamplingParams
+from specdec.verifiers.hf import HFVerifier
+from specdec.verifiers.hf_batch import HFBatch
+
+MAKERS = {"llama": tinymodels.tiny_llama, "qwen3": tinymodels.tiny_qwen3}
+
+
+@pytest.fixture(scope="module", params=list(MAKERS))
+def verifier(request, tmp_path_factory) -> HFVerifier:
+    return HFVerifier(MAKERS[request.param](tmp_path_factory.mktemp(request.param)), dtype=torch.bfloat16)
+
+
+def batch_or_refused(v: HFVerifier) -> HFBatch | None:
+    """The batch, or None where this machine's bf16 verify is not batch-invariant (refused in one line)."""
+    if not v.batch_invariant:
+        with pytest.raises(ValueError, match="cannot verify several sequences in one forward: its bfloat16"):
+            HFBatch(v)
+        return None
+    return HFBatch(v)
+
+
+def dflash(v: HFVerifier) -> DFlashDrafter:
+    torch.manual_seed(0)
+    cfg = DFlashConfig(
+        hidden_size=v.hidden_size, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=v.vocab_size, num_target_layers=v.num_layers,
+        mask_token_id=v.vocab_size - 1, block_size=6,
+    )  # fmt: skip
+    return DFlashDrafter(DFlashDraftModel(cfg).to(torch.bfloat16))
+
+
+def requests(v: HFVerifier) -> list[Request]:
+    rep = [(7 * i) % 50 + 5 for i in range(12)] * 3  # repeats: prompt lookup drafts
+    long = [(13 * i) % 240 + 5 for i in range(90)]  # more rows than one forward packs: prefilled alone
+    prompts = [rep, [(11 * i) % 250 + 5 for i in range(9)], rep[:20], [5, 6, 7], rep[3:31], long]
+    match = SamplingParams(temperature=0.8, seed=3, rule="match", proposal="sample")
+    reject = SamplingParams(temperature=1.0, seed=5, rule="rejection", proposal="sample", top_k=20)
+    kinds = [
+        (None, 1, None, None), ("prompt-lookup", 6, None, frozenset({17})), ("dflash", 6, match, None),
+        ("dflash+lookup", 6, None, None), ("prompt-lookup", 4, reject, None), ("dflash", 6, reject, None),
+    ]  # fmt: skip
+    out = []
+    for i, (p, (kind, block, sp, stops)) in enumerate(zip(prompts, kinds, strict=True)):
+        if kind is None:
+            d = None
+        elif kind == "prompt-lookup":
+            d = load_drafter("prompt-lookup", verifier=v)
+        else:
+            d = dflash(v)
+            d.bind(v)
+            if kind.endswith("+lookup"):
+                from specdec.drafting.mix import LookupFirstDrafter
+
+                d = LookupFirstDrafter(d, block_size=block)
+        cfg = DecodeConfig(max_new_tokens=14 + 3 * i, block_size=block, stop_token_ids=stops or frozenset(),
+                           sampling=sp)  # fmt: skip
+        out.append(Request(prompt=p, cfg=cfg, drafter=d, prompt_id=str(i)))
+    return out
+
+
+def solo(v: HFVerifier, r: Request) -> list[int]:
+    return generate(v, r.prompt, drafter=copy.deepcopy(r.drafter), cfg=r.cfg).output_tokens
+
+
+def test_batched_requests_equal_their_solo_runs(verifier):
+    batch = batch_or_refused(verifier)
+    if batch is None:
+        return
+    reqs = requests(verifier)
+    want = [solo(verifier, r) for r in reqs]
+    got: dict[int, object] = {}
+
+    def wave(idx: list[int]) -> None:
+        for i, res in zip(idx, generate_many(batch, [reqs[i] for i in idx]), strict=True):
+            got[i] = res
+
+    first = threading.Thread(target=wave, args=([0, 1, 2],))
+    first.start()
+    time.sleep(0.05)  # the second wave joins while the first decodes
+    wave([3, 4, 5])
+    first.join()
+    for i, w in enumerate(want):
+        assert not isinstance(got[i], BaseException), got[i]
+        assert got[i].output_tokens == w, i
+    assert max(batch.sizes) > 1, batch.sizes  # calls did share forwards
+
+
+def test_a_cancelled_request_leaves_the_others_alone(verifier):
+    batch = batch_or_refused(verifier)
+    if batch is None:
+        return
+    reqs = requests(verifier)[:4]
+    stop = threading.Event()
+    reqs[1] = Request(prompt=reqs[1].prompt, cfg=reqs[1].cfg, drafter=reqs[1].drafter, cancel=stop)
+    threading.Timer(0.02, stop.set).start()
+    out = generate_many(batch, reqs)
+    cut = out[1]
+    assert cut.output_tokens == solo(verifier, reqs[1])[: len(cut.output_tokens)]
+    for i in (0, 2, 3):
+        assert out[i].output_tokens == solo(verifier, reqs[i])
+
+
+def test_models_a_batch_cannot_pack_are_one_line(tmp_path):
+    g4 = HFVerifier(tinymodels.tiny_gemma4(tmp_path / "g4"), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cannot verify several sequences in one forward"):
+        HFBatch(g4)
+    fp32 = HFVerifier(tinymodels.tiny_llama(tmp_path / "llama"))
+    with pytest.raises(ValueError, match="float32 verify is not batch-invariant here"):
+        HFBatch(fp32)
+    with pytest.raises(ValueError, match="share one drafter object"):
+        d = load_drafter("prompt-lookup", verifier=fp32)
+        cfg = DecodeConfig(max_new_tokens=4, block_size=4)
+        generate_many(
+            None, [Request(prompt=[5, 6], cfg=cfg, drafter=d), Request(prompt=[5], cfg=cfg, drafter=d)]
+        )
+
+
+def test_a_packed_attention_that_parts_from_solo_is_refused(verifier, monkeypatch):
+    """The measurement at construction compares packed calls with the verifier's own path: a packed
+    attention off by 5% is refused, not run."""
+    import specdec.verifiers.hf_parts as parts
+
+    if batch_or_refused(verifier) is None:
+        return
+    real = parts.attend_packed
+    monkeypatch.setattr(parts, "attend_packed", lambda *a, **kw: real(*a, **kw) * 1.05)
+    with pytest.raises(ValueError, match="packed rows do not give the logits of the same calls alone"):
+        HFBatch(verifier)
+
+
+def test_the_tree_of_a_batched_sequence_is_refused(verifier):
+    batch = batch_or_refused(verifier)
+    if batch is None:
+        return
+    with pytest.raises(ValueError, match="verified in a batch verifies chains"):
+        batch.sequence().check_tree()
