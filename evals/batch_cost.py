@@ -1,0 +1,155 @@
+"""What serving several requests at once buys: `specdec serve` with `--max-batch 8` (eight engines on one
+`HFBatch`, their verifies run together) against today's serial server (one engine, requests in turn), in
+one run on this machine, 1 / 2 / 4 / 8 concurrent clients; SmolLM2-135M in bf16 with the bundled drafter
++ prompt lookup by default.
+
+    python -m specdec.evals.batch_cost --out docs/history/batch-cost-2026-12-06.json
+
+Both servers run in this process on a free local port, one after the other, over the same loaded model.
+After an untimed warm-up, per N in `--clients`: N clients post a chat completion each at once (greedy,
+`--max-new-tokens`, prompts from `PROMPTS`); the wall time until the last answer, the aggregate completion
+tokens/s, each client's latency (mean, worst), and whether every answer was the same from both servers (it
+must be: the batch is exact or refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from specdec.args import Parser, at_least, run_main
+
+PROMPTS = [
+    "Explain how a refrigerator keeps food cold.",
+    "Write a short poem about the sea at night.",
+    "List five tips for learning a new language.",
+    "What is the difference between weather and climate?",
+    "Describe the water cycle in simple words.",
+    "Give me a recipe for a quick vegetable soup.",
+    "Why do leaves change colour in autumn?",
+    "Summarise the plot of a detective story in three sentences.",
+]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m specdec.evals.batch_cost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--drafter", default="bundled:smollm2-135m+lookup")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--clients", type=at_least(1), nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--max-batch", type=at_least(2, 16), default=8)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=64)
+    p.add_argument("--block-size", type=at_least(2, 16), help="tokens per verify (default: the drafter's)")
+    p.add_argument("--out", help="write the figures here (JSON)")
+    p.set_defaults(func=_run)
+    return p
+
+
+class _Server:
+    """An app served by uvicorn on a free local port, on a thread of this process."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/chat/completions"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+
+def _clients(url: str, n: int, max_tokens: int) -> dict[str, Any]:
+    """N clients at once, one chat completion each: wall time, tokens, latencies, the answers."""
+    import httpx
+
+    out: dict[int, tuple[float, str, int]] = {}
+
+    def ask(i: int) -> None:
+        body = {"model": "m", "max_tokens": max_tokens, "temperature": 0,
+                "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}  # fmt: skip
+        t0 = time.perf_counter()
+        r = httpx.post(url, json=body, timeout=600).json()
+        out[i] = (
+            time.perf_counter() - t0,
+            r["choices"][0]["message"]["content"],
+            r["usage"]["completion_tokens"],
+        )
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    lat, tokens = [out[i][0] for i in range(n)], sum(out[i][2] for i in range(n))
+    return {"wall_s": round(wall, 3), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
+            "latency_mean_s": round(statistics.mean(lat), 3), "latency_max_s": round(max(lat), 3),
+            "answers": [out[i][1] for i in range(n)]}  # fmt: skip
+
+
+def _apps(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The serial app, the batched app and the batch, over one loaded model."""
+    from specdec.api import load_drafter, load_verifier
+    from specdec.serve import build_app
+    from specdec.stream import StreamingEngine
+    from specdec.verifiers.hf_batch import HFBatch
+
+    v = load_verifier("hf", args.model, dtype=args.dtype)
+    batch = HFBatch(v)
+
+    def engine(verifier: Any) -> StreamingEngine:
+        d = load_drafter(args.drafter, verifier=v, dtype=args.dtype)
+        return StreamingEngine(verifier, d, block_size=args.block_size)
+
+    serial = build_app(engine(v), model_name="m", max_queue=16)
+    engines = [engine(batch.sequence()) for _ in range(args.max_batch)]
+    return serial, build_app(engines, batch=batch, model_name="m", max_queue=16), batch
+
+
+def _run(args: argparse.Namespace) -> int:
+    from specdec.evals.report import emit_figures, figures_header
+
+    serial_app, batched_app, batch = _apps(args)
+    result: dict[str, Any] = {**figures_header("specdec.evals.batch_cost"), "model": args.model,
+                              "drafter": args.drafter, "dtype": args.dtype, "max_batch": args.max_batch,
+                              "block_size": args.block_size,
+                              "clients": {}}  # fmt: skip
+    runs: dict[str, dict[int, Any]] = {"serial": {}, "batched": {}}
+    for name, app in (("serial", serial_app), ("batched", batched_app)):
+        server = _Server(app)
+        try:
+            _clients(server.url, 2, 4)  # warm-up: weights packed, caches grown
+            for n in args.clients:
+                runs[name][n] = _clients(server.url, n, args.max_new_tokens)
+        finally:
+            server.stop()
+    for n in args.clients:
+        s, b = runs["serial"][n], runs["batched"][n]
+        result["clients"][n] = {
+            "same_answers": s.pop("answers") == b.pop("answers"), "serial": s, "batched": b,
+            "speedup": round(s["wall_s"] / b["wall_s"], 2),
+        }  # fmt: skip
+    result["forwards_by_calls"] = {k: batch.sizes.count(k) for k in sorted(set(batch.sizes))}
+    emit_figures(result, args.out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_parser(), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
