@@ -24,6 +24,7 @@ from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.lease import Run, hold
 from specdec.memory import unmeasured
 from specdec.protocols import (
+    BatchedCalls,
     Drafter,
     MemoryProbe,
     NativeFeatures,
@@ -254,6 +255,7 @@ def _prefill(
         index=0, phase="prefill", drafted=0, accepted=0, acceptance_length=1, tokens=out,
         draft_s=draft_s, verify_s=t1 - t0, bridge_s=bridge_s, other_s=step_s - draft_s - (t1 - t0) - bridge_s,
         step_s=step_s, peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
+        batch_size=verifier.batch_size if isinstance(verifier, BatchedCalls) else None,
     )  # fmt: skip
 
 
@@ -345,6 +347,7 @@ def _decode(
             residual_resamples=sampler.resampled if rule == "rejection" else None,
             tree_nodes=len(tree) if tree else None,
             tree_ranks=[tree.ranks[i] for i in path[1:]] if tree else None,
+            batch_size=verifier.batch_size if isinstance(verifier, BatchedCalls) else None,
         )  # fmt: skip
         n_out += len(committed)
         token = committed[-1]

@@ -16,6 +16,7 @@ test with `isinstance`: `NativeFeatures` (features in the verifier's own arrays,
 runtime), `SampledProposals` (a drafter's logits, for sampled drafts at T > 0), `SampledWalk` (a drafter
 that samples a walk of dependent drafts itself), `TreeVerify` / `TreeProposals` (tree verification,
 `specdec.tree`), `SharedKV` (the keys / values of its attention layers, for a Gemma-4 assistant),
+`BatchedCalls` (its calls share forwards with other sequences'),
 `Describes` (what the result JSON records about it), `BatchFeatures` and `BatchGeneration` (what
 training uses when a verifier has them).
 """
@@ -268,6 +269,14 @@ class SharedKV(Protocol):
         reads them) for the cached positions, or the `last` most recent of them; the verifier's own arrays,
         views where the runtime has them (no copy of the cache), valid until its next call."""
         ...
+
+
+@runtime_checkable
+class BatchedCalls(Protocol):
+    """A verifier whose calls run in forwards shared with other sequences' (`verifiers.hf_batch`)."""
+
+    #: how many sequences' calls the forward of its last call ran (1: alone)
+    batch_size: int
 
 
 @runtime_checkable

@@ -53,6 +53,8 @@ class StepRecord:
     tree_nodes: int | None = None  # a tree step (`--tree`): nodes verified, the root included; None: a chain
     # a tree step: per accepted draft, its candidate rank at its depth (0: the drafter's top-1, -1: lookup's)
     tree_ranks: list[int] | None = None
+    # a batched request (`specdec.batch`): the sequences' calls this step's verify forward ran; None: alone
+    batch_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

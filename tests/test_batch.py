@@ -107,6 +107,12 @@ def test_batched_requests_equal_their_solo_runs(verifier):
         assert not isinstance(got[i], BaseException), got[i]
         assert got[i].output_tokens == w, i
     assert max(batch.sizes) > 1, batch.sizes  # calls did share forwards
+    # each step records how many calls its verify shared a forward with; the result JSON takes it
+    sizes = [s.batch_size for r in got.values() for s in r.steps]
+    assert all(isinstance(n, int) and 1 <= n <= 6 for n in sizes) and max(sizes) > 1
+    from specdec.records import run_config, run_json, validate
+
+    validate(run_json(config=run_config(verifier, None, reqs[0].cfg), results=[got[0], got[1]], device="cpu"))
 
 
 def test_a_cancelled_request_leaves_the_others_alone(verifier):

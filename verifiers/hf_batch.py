@@ -40,6 +40,7 @@ class HFSequence(HFVerifier):
     def __init__(self, batch: HFBatch) -> None:  # the loaded verifier's state, not its loading
         self.__dict__.update(batch.base.__dict__)
         self.batch = batch
+        self.batch_size = 1  # `BatchedCalls`: the calls the forward of its last call ran
         self._hooks, self._captured, self._layer_ids = [], {}, ()
         self.reset()
 
@@ -166,6 +167,7 @@ class HFBatch:
             seq._pos += b - a
             seq._since_crop += b - a
             seq._captured = {i: got[i][a:b] for i in seq._layer_ids}
+            seq.batch_size = len(group)
         return logits
 
 
