@@ -130,33 +130,46 @@ def test_a_dead_worker_shows_in_health_and_calls_on_death():
         assert r.status_code == 503  # refused at once instead of hanging
 
 
-def test_stop_returns_promptly_with_a_full_queue():
+class _Slow(StubVerifier):
+    def verify(self, *a, **kw):
+        time.sleep(0.02)
+        return super().verify(*a, **kw)
+
+
+def _queue_test(engines: int, max_queue: int) -> None:
+    """`engines` slow engines each take a long request; `max_queue` more wait, the next is refused; stop
+    returns promptly, every running or waiting request cancelled."""
     import asyncio
 
     from specdec.sampling import SamplingParams
     from specdec.serve import Job, Worker, parse_request
 
-    class Slow(StubVerifier):
-        def verify(self, *a, **kw):
-            time.sleep(0.02)
-            return super().verify(*a, **kw)
-
-    worker = Worker(StreamingEngine(Slow()), max_queue=1)
+    worker = Worker([StreamingEngine(_Slow()) for _ in range(engines)], max_queue=max_queue)
     loop = asyncio.new_event_loop()
     params = parse_request(
         {"prompt": "x", "max_tokens": 500}, chat=False, model="stub", defaults=SamplingParams()
     )
-    jobs = [Job(params=params, loop=loop) for _ in range(3)]
-    assert worker.submit(jobs[0])
+    jobs = [Job(params=params, loop=loop) for _ in range(engines + max_queue + 1)]
+    assert all(worker.submit(j) for j in jobs[:engines])
     deadline = time.time() + 10
-    while not worker.busy:
+    while len(worker.running) < engines:  # each engine takes one
         assert time.time() < deadline
         time.sleep(0.01)
-    assert worker.submit(jobs[1]) and not worker.submit(jobs[2])  # one waits, the next is refused
+    assert all(worker.submit(j) for j in jobs[engines:-1]) and not worker.submit(jobs[-1])
     t0 = time.perf_counter()
     worker.stop()
     assert time.perf_counter() - t0 < 10 and not any(t.is_alive() for t in worker._threads)
+    assert all(j.cancel.is_set() for j in jobs[:-1])
     loop.close()
+
+
+def test_stop_returns_promptly_with_a_full_queue():
+    _queue_test(engines=1, max_queue=1)
+
+
+def test_two_engines_run_two_requests_and_queue_past_them():
+    """A worker of two engines (`--max-batch 2`) runs two requests at once and queues past them."""
+    _queue_test(engines=2, max_queue=1)
 
 
 def test_max_queue_zero_means_no_waiting():
