@@ -111,19 +111,18 @@ def measure(target: Path, assistant: Path, runtime: str, context: int, reps: int
 
 def _handover(v: Any, d: Any, runtime: str, reps: int) -> tuple[float, float]:
     """The K/V hand-over of one step (made and evaluated), and a copy of the same two layers' K/V."""
-    last = {t: d.cfg.sliding_window + 1 if "sliding" in t else None for t in d._sources}
+    from specdec.drafting.gemma4_assistant_config import kv_window
 
     def views() -> list[Any]:
-        return [x for t, layer in d._sources.items() for x in v.shared_kv(layer, last=last[t])]
+        return [x for t, layer in d._sources.items() for x in v.shared_kv(layer, last=kv_window(d.cfg, t))]
 
+    full = [x for layer in d._sources.values() for x in v.shared_kv(layer)]
     if runtime == "mlx":
         import mlx.core as mx
 
-        full = [x for layer in d._sources.values() for x in v.shared_kv(layer)]
         return median_ms(lambda: mx.eval(*views()), reps), median_ms(
             lambda: mx.eval(*[x + 0 for x in full]), reps
         )
-    full = [x for layer in d._sources.values() for x in v.shared_kv(layer)]
     return median_ms(views, reps), median_ms(lambda: [x.clone() for x in full], reps)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.gemma4_assistant_config import AssistantConfig, fit_verifier
+from specdec.drafting.gemma4_assistant_config import AssistantConfig, LastRow, fit_verifier, kv_window
 from specdec.drafting.policy import DraftPolicy
 from specdec.kernels import MAX_VERIFY_TOKENS, use_cpu_linears
 from specdec.protocols import MemoryProbe, Verifier
@@ -61,10 +61,9 @@ class AssistantDrafter:
         self.device, self.dtype = p.device, p.dtype
         self.path: str | None = None
         self.verifier: Any = None
-        self._rows = torch.zeros(256, cfg.backbone_hidden_size, device=self.device, dtype=self.dtype)
+        self._ctx = LastRow(cfg.backbone_hidden_size)
         if cfg.ordered:  # [C, V/C] the tokens of each centroid
             self._clusters = model.masked_embedding.token_ordering.long().view(cfg.num_centroids, -1)
-        self.reset()
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, cfg: AssistantConfig, *, device: Any = "cpu",
@@ -91,27 +90,17 @@ class AssistantDrafter:
 
     @property
     def context_len(self) -> int:
-        return self._n
+        return self._ctx.n
 
     def reset(self) -> None:
-        self._n = 0
+        self._ctx.reset()
 
     def extend(self, features: torch.Tensor, tokens: Any) -> None:
         """Keep the last-layer outputs [n, H] of the committed positions (only the last one is read)."""
-        n = len(tokens)
-        if features.shape != (n, self.feature_dim):
-            raise ValueError(f"features must be [{n}, {self.feature_dim}], got {list(features.shape)}")
-        if self._n + n > self._rows.shape[0]:
-            grow = self._rows.new_zeros(max(self._n + n, 2 * self._rows.shape[0]), self.feature_dim)
-            grow[: self._n] = self._rows[: self._n]
-            self._rows = grow
-        self._rows[self._n : self._n + n] = features
-        self._n += n
+        self._ctx.extend(features, len(tokens))
 
     def rollback(self, n: int) -> None:
-        if not 0 <= n <= self._n:
-            raise ValueError(f"cannot roll back {n} positions: the drafter holds {self._n}")
-        self._n -= n
+        self._ctx.rollback(n)
 
     # ---- drafting -----------------------------------------------------------------------------------------
 
@@ -120,8 +109,7 @@ class AssistantDrafter:
         assistant runs in another dtype or device than the verifier)."""
         v, out = self.verifier, {}
         for t, layer in self._sources.items():
-            last = self.cfg.sliding_window + 1 if t == "sliding_attention" else None
-            k, val = v.shared_kv(layer, last=last)
+            k, val = v.shared_kv(layer, last=kv_window(self.cfg, t))
             out[t] = (k.to(self.device, self.dtype), val.to(self.device, self.dtype))
         return out
 
@@ -138,11 +126,11 @@ class AssistantDrafter:
     def _walk(self, last_token: int, n: int, pick: Callable[..., torch.Tensor]) -> list[int]:
         """n drafts after `last_token`: `pick(logits [1, S], ids [S] | None, i)` chooses the index [1] of
         draft i among the S candidates (`ids`: their token ids; None: the whole vocabulary)."""
-        P = self._n
+        P = self._ctx.n
         if n <= 0 or P == 0:
             return []
         m, kv = self.model, self._shared()
-        h = self._final_norm(self._rows[P - 1 : P])  # [1, Hb] the target's hidden at P - 1
+        h = self._final_norm(self._ctx.last())  # [1, Hb] the target's hidden at P - 1
         tok = torch.tensor([last_token], device=self.device)
         pos = torch.tensor([[P]], device=self.device)  # every step at the last token's position
         masks = None

@@ -30,8 +30,17 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "ASSISTANT_BLOCK_SIZE", "AssistantConfig", "check_assistant_shape",
-    "check_assistant_target", "fit_verifier", "gemma4_text", "kv_shape", "kv_source_layers", "read_assistant",
+    "ASSISTANT_BLOCK_SIZE",
+    "AssistantConfig",
+    "LastRow",
+    "check_assistant_shape",
+    "check_assistant_target",
+    "fit_verifier",
+    "gemma4_text",
+    "kv_shape",
+    "kv_source_layers",
+    "kv_window",
+    "read_assistant",
 ]  # fmt: skip
 
 #: drafts per step + 1 where --block-size does not say and the checkpoint's generation_config.json names
@@ -233,3 +242,42 @@ def fit_verifier(cfg: AssistantConfig, verifier: Any, *, name: str, runtime: str
     sources = check_assistant_target(cfg, mtype, text, name=name, model_name=verifier.model_name)
     verifier.keep_window(cfg.sliding_window + 1)
     return sources
+
+
+def kv_window(cfg: AssistantConfig, layer_type: str) -> int | None:
+    """How many of the verifier's most recent positions the assistant's layers of `layer_type` read: a
+    sliding layer the window + 1, a full one all (None)."""
+    return cfg.sliding_window + 1 if layer_type == "sliding_attention" else None
+
+
+class LastRow:
+    """An assistant's context, whatever its runtime: how many positions are committed and the verifier's
+    last-layer outputs that came with them, kept as handed (no copy; a verifier never writes them again),
+    of which only the last committed position's row is read."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.reset()
+
+    def reset(self) -> None:
+        self.n = 0
+        self._chunks: list[tuple[int, Any]] = []  # (first position, outputs [n_i, H])
+
+    def extend(self, features: Any, n: int) -> None:
+        if tuple(features.shape) != (n, self.width):
+            raise ValueError(f"features must be [{n}, {self.width}], got {list(features.shape)}")
+        if n:
+            self._chunks.append((self.n, features))
+            self.n += n
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self.n:
+            raise ValueError(f"cannot roll back {n} positions: the drafter holds {self.n}")
+        self.n -= n
+        while self._chunks and self._chunks[-1][0] >= self.n:
+            self._chunks.pop()
+
+    def last(self) -> Any:
+        """The row [1, H] of the last committed position."""
+        start, rows = self._chunks[-1]
+        return rows[self.n - 1 - start : self.n - start]

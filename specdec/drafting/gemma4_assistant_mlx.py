@@ -20,7 +20,7 @@ import torch
 
 from specdec.bridges.mlx import embed_scale, text_model
 from specdec.drafting.dflash_mlx import sample_rows
-from specdec.drafting.gemma4_assistant_config import AssistantConfig, fit_verifier
+from specdec.drafting.gemma4_assistant_config import AssistantConfig, LastRow, fit_verifier, kv_window
 from specdec.drafting.policy import DraftPolicy
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.memory import mlx_probe
@@ -75,7 +75,7 @@ class MLXAssistantDrafter:
         self.target_layer_ids: tuple[int, ...] = ()
         self.device, self.dtype = torch.device("cpu"), torch.float32  # what torch sees of it: nothing
         self.path: str | None = None
-        self.reset()
+        self._ctx = LastRow(cfg.backbone_hidden_size)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, cfg: AssistantConfig, *, device: Any = "cpu",
@@ -109,45 +109,28 @@ class MLXAssistantDrafter:
 
     @property
     def context_len(self) -> int:
-        return self._n
+        return self._ctx.n
 
     def reset(self) -> None:
-        self._n = 0
-        self._chunks: list[tuple[int, mx.array]] = []  # (first position, last-layer outputs [n, H])
+        self._ctx.reset()
 
     def extend(self, features: mx.array, tokens: Any) -> None:
-        n = len(tokens)
-        if tuple(features.shape) != (n, self.feature_dim):
-            raise ValueError(f"features must be [{n}, {self.feature_dim}], got {list(features.shape)}")
-        if n:
-            self._chunks.append((self._n, features))
-            self._n += n
+        self._ctx.extend(features, len(tokens))
 
     def rollback(self, n: int) -> None:
-        if not 0 <= n <= self._n:
-            raise ValueError(f"cannot roll back {n} positions: the drafter holds {self._n}")
-        self._n -= n
-        while self._chunks and self._chunks[-1][0] >= self._n:
-            self._chunks.pop()
-
-    def _last_row(self) -> mx.array:
-        start, rows = self._chunks[-1]
-        return rows[self._n - 1 - start : self._n - start]  # [1, H]
+        self._ctx.rollback(n)
 
     # ---- drafting -----------------------------------------------------------------------------------------
 
     def _walk(self, last_token: int, n: int, pick: Callable[..., mx.array]) -> mx.array | None:
         """n drafts after `last_token`, lazy [n]: `pick(logits [1, S], ids [S] | None, i)` chooses draft i's
         index among the S candidates (`ids` their token ids; None: the whole vocabulary)."""
-        P = self._n
+        P = self._ctx.n
         if n <= 0 or P == 0:
             return None
-        net, kv = self.net, {}
-        for t, layer in self._sources.items():
-            kv[t] = self.verifier.shared_kv(
-                layer, last=self.cfg.sliding_window + 1 if "sliding" in t else None
-            )
-        h = self._final_norm(self._last_row())  # [1, Hb]
+        net, src = self.net, self._sources
+        kv = {t: self.verifier.shared_kv(layer, last=kv_window(self.cfg, t)) for t, layer in src.items()}
+        h = self._final_norm(self._ctx.last())  # [1, Hb]
         tok, drafts = mx.array([last_token]), []
         for i in range(n):
             x = net.pre_projection(mx.concatenate([self._embed(tok).astype(h.dtype), h], -1))[
