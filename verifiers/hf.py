@@ -288,10 +288,7 @@ class HFVerifier:
         self._cache = kv = DynamicCache(config=self.model.config)
         grow = growing_layer()  # in place of the plain layers (the sliding and shared ones stay as they are)
         kv.layers = [grow() if type(la) is DynamicLayer else la for la in kv.layers]
-        if self._window_keep:
-            for la in kv.layers:
-                if getattr(la, "is_sliding", False):
-                    wide_sliding_layer(la, self._window_keep)
+        self._widen_sliding(kv.layers)
         # sliding layers keep what a verify appended until the crop that follows it, linear-attention
         # layers their conv inputs and the recurrent states `forward` asks for (see module docstring)
         self._linear = [la for la in kv.layers if isinstance(la, LinearAttentionCacheLayerMixin)]
@@ -350,12 +347,8 @@ class HFVerifier:
         self._tree_size = 0
         self._captured = {i: c[rows] for i, c in self._captured.items()}  # [n, H] each
 
-    @torch.inference_mode()
-    def forward(
-        self, tokens: Sequence[int], *, last_only: bool = False, tree: TreeAttention | None = None
-    ) -> torch.Tensor:
-        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). With `tree`, `tokens` are
-        a tree's nodes: positions by depth, each seeing the cache and its ancestors (`hf_parts`)."""
+    def _check_call(self, tokens: Sequence[int]) -> int:
+        """A call of `tokens` fits the cache: their count, or ValueError."""
         T = len(tokens)
         if T == 0:
             raise ValueError("no tokens to process")
@@ -363,6 +356,15 @@ class HFVerifier:
             raise ValueError(
                 f"context overflow: {self._pos} cached + {T} new > max_context {self.max_context}"
             )
+        return T
+
+    @torch.inference_mode()
+    def forward(
+        self, tokens: Sequence[int], *, last_only: bool = False, tree: TreeAttention | None = None
+    ) -> torch.Tensor:
+        """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). With `tree`, `tokens` are
+        a tree's nodes: positions by depth, each seeing the cache and its ancestors (`hf_parts`)."""
+        T = self._check_call(tokens)
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, T]
         self._captured = {}
         keep: int | torch.Tensor = 1 if last_only else 0
@@ -431,9 +433,14 @@ class HFVerifier:
         have to start now)."""
         if n > self._window_keep:
             self._window_keep = n
-            for la in self._cache.layers:
+            self._widen_sliding(self._cache.layers)  # hold at least what they held: exact from here
+
+    def _widen_sliding(self, layers: Sequence[Any]) -> None:
+        """The sliding layers of `layers` keep `_window_keep` positions (none asked: as transformers')."""
+        if self._window_keep:
+            for la in layers:
                 if getattr(la, "is_sliding", False):
-                    wide_sliding_layer(la, n)  # holds at least what it held: still exact from here
+                    wide_sliding_layer(la, self._window_keep)
 
     def shared_kv(self, layer: int, *, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`SharedKV`: layer `layer`'s cached keys and values [1, H_kv, T, D] (views)."""

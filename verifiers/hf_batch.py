@@ -53,12 +53,7 @@ class HFSequence(HFVerifier):
     def forward(self, tokens: Sequence[int], *, last_only: bool = False, tree: Any = None) -> torch.Tensor:
         if tree is not None:
             self.check_tree()
-        if len(tokens) == 0:
-            raise ValueError("no tokens to process")
-        if self._pos + len(tokens) > self.max_context:
-            raise ValueError(
-                f"context overflow: {self._pos} cached + {len(tokens)} new > max_context {self.max_context}"
-            )
+        self._check_call(tokens)
         return self.batch.call(self, list(tokens), last_only)
 
 
@@ -93,8 +88,7 @@ class HFBatch:
         finally:
             with self._cond:
                 self._members.discard(seq)
-                self._run_ready()
-                self._cond.notify_all()
+                self._run_ready()  # the others' calls may have waited for its
 
     def call(self, seq: HFSequence, tokens: list[int], last_only: bool) -> torch.Tensor:
         """`seq`'s call, run with the other members' waiting ones: its logits [T, V] (or [1, V])."""

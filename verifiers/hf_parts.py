@@ -201,6 +201,16 @@ def wide_sliding_layer(layer: Any, keep: int) -> Any:
     position count (`get_mask_sizes`), not from the stored length."""
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
+    if type(layer) is DynamicSlidingWindowLayer:
+        layer.__class__ = _wide_sliding_class()
+    layer.keep = keep
+    return layer
+
+
+@cache
+def _wide_sliding_class() -> type:
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
     class WideSlidingLayer(DynamicSlidingWindowLayer):
         exact_rollback = True  # for `check_rollback`: its crop is transformers' own, keeping more
 
@@ -212,10 +222,7 @@ def wide_sliding_layer(layer: Any, keep: int) -> Any:
             self.keys, self.values = self.keys[:, :, start:end], self.values[:, :, start:end]
             self.cumulative_length += tokens_to_remove
 
-    if type(layer) is DynamicSlidingWindowLayer:
-        layer.__class__ = WideSlidingLayer
-    layer.keep = keep
-    return layer
+    return WideSlidingLayer
 
 
 @dataclass
@@ -226,6 +233,7 @@ class Packed:
     caches: list[Any]
     spans: list[tuple[int, int]]
     kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    masks: dict[tuple[tuple[int, int], ...], torch.Tensor] = field(default_factory=dict)  # by (T, S)s
 
 
 def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **kw: Any) -> torch.Tensor:
@@ -242,25 +250,40 @@ def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **
     )  # [B, H, Tm, D]
     k = torch.stack([F.pad(k_[0], (0, 0, 0, Sm - k_.shape[2])) for k_, _ in kv])  # [B, Hkv, Sm, D]
     v = torch.stack([F.pad(v_[0], (0, 0, 0, Sm - v_.shape[2])) for _, v_ in kv])
-    rows = torch.arange(Tm, device=q.device)[:, None]  # [Tm, 1]
-    keys = torch.arange(Sm, device=q.device)[None]  # [1, Sm]
-    # row j of a call of T rows over S keys sees keys 0..S-T+j; a padding row sees key 0 (no empty softmax)
-    mask = torch.stack([(keys <= S - T + rows) & ((rows < T) | (keys == 0)) for T, S in lens])[:, None]
+    mask = pack.masks.get(key := tuple(lens))
+    if mask is None:  # the same for every layer whose caches are as long: made once per forward
+        mask = pack.masks[key] = _packed_mask(lens, Tm, Sm, q.device)
     scale = kw.get("scaling") or query.shape[-1] ** -0.5
     out = invariant_attention(q, k, v, mask, scale=scale, softcap=kw.get("softcap"))  # [B, H, Tm, D]
     return torch.cat([out[b, :, :T] for b, (T, _) in enumerate(lens)], 1).transpose(0, 1)[None].contiguous()
 
 
+def _packed_mask(lens: list[tuple[int, int]], Tm: int, Sm: int, device: torch.device) -> torch.Tensor:
+    """[B, 1, Tm, Sm]: row j of a call of T rows over S keys sees keys 0..S-T+j; a padding row key 0 (no
+    empty softmax)."""
+    rows = torch.arange(Tm, device=device)[:, None]  # [Tm, 1]
+    keys = torch.arange(Sm, device=device)[None]  # [1, Sm]
+    return torch.stack([(keys <= S - T + rows) & ((rows < T) | (keys == 0)) for T, S in lens])[:, None]
+
+
 def packed_layer(pack: Packed, layer: int) -> Any:
     """A cache layer of a packed forward: appends each sequence's rows to that sequence's own cache."""
+    return _packed_layer_class()(pack, layer)
+
+
+@cache
+def _packed_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
     class PackedLayer(DynamicLayer):
-        is_initialized = True
+        def __init__(self, pack: Packed, layer: int) -> None:
+            super().__init__()
+            self.pack, self.layer = pack, layer
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *a: Any, **kw: Any) -> Any:
-            pack.kv[layer] = [
-                c.layers[layer].update(key_states[:, :, s:e], value_states[:, :, s:e])
+            pack, i = self.pack, self.layer
+            pack.kv[i] = [
+                c.layers[i].update(key_states[:, :, s:e], value_states[:, :, s:e])
                 for c, (s, e) in zip(pack.caches, pack.spans, strict=True)
             ]
             return key_states, value_states  # unread: `attend_packed` reads `pack.kv`
@@ -271,4 +294,4 @@ def packed_layer(pack: Packed, layer: int) -> Any:
         def get_mask_sizes(self, query_length: int, *a: Any) -> tuple[int, int]:
             return query_length, 0  # a mask nobody reads (`attend_packed`)
 
-    return PackedLayer()
+    return PackedLayer
