@@ -75,6 +75,8 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
 
     sampling = sampling_of(args)
     spec = run_spec(args)
+    if args.max_batch > 1 and (spec.verifier != "hf" or spec.tree is not None):  # before anything loads
+        raise ValueError("--max-batch runs chains on the HF verifier (docs/batching.md)")
     m = load(spec)
     verifier = m.verifier
     engines, batch = _engines(spec, m, args)
@@ -104,12 +106,11 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
 
 def _engines(spec: Any, m: Any, args: argparse.Namespace) -> tuple[list[StreamingEngine], Any]:
     """The engines that serve: the loaded one, or with `--max-batch N` N on sequences of one `HFBatch`,
-    each with a drafter of its own (refused in one line where the batch cannot be exact)."""
+    each with a drafter of its own (refused in one line where the batch cannot be exact; a verifier other
+    than HF and trees are refused before anything loads)."""
     reuse = not args.no_reuse
     if args.max_batch == 1:
         return [StreamingEngine.from_loaded(m, max_context=args.max_context, reuse=reuse)], None
-    if spec.verifier != "hf" or m.tree is not None:
-        raise ValueError("--max-batch runs chains on the HF verifier (docs/batching.md)")
     from specdec.api import drafter_for
     from specdec.verifiers.hf_batch import HFBatch
 
