@@ -1,9 +1,10 @@
 """What serving several requests at once buys: `specdec serve` with `--max-batch 8` (eight engines on one
-`HFBatch`, their verifies run together) against today's serial server (one engine, requests in turn), in
-one run on this machine, 1 / 2 / 4 / 8 concurrent clients; SmolLM2-135M in bf16 with the bundled drafter
-+ prompt lookup by default.
+batch, their verifies run together) against today's serial server (one engine, requests in turn), in
+one run on this machine, 1 / 2 / 4 / 8 concurrent clients; SmolLM2-135M in bf16 on the HF verifier with
+the bundled drafter + prompt lookup by default (`--verifier mlx`: the MLX verifier, its drafter in MLX).
 
     python -m specdec.evals.batch_cost --out docs/history/batch-cost-2026-12-06.json
+    python -m specdec.evals.batch_cost --verifier mlx --out docs/history/batch-cost-mlx-2026-12-06.json
 
 Both servers run in this process on a free local port, one after the other, over the same loaded model.
 After an untimed warm-up, per N in `--clients`: N clients post a chat completion each at once (greedy,
@@ -38,6 +39,7 @@ PROMPTS = [
 
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m specdec.evals.batch_cost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--verifier", choices=["hf", "mlx"], default="hf")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--drafter", default="bundled:smollm2-135m+lookup")
     p.add_argument("--dtype", default="bfloat16")
@@ -103,15 +105,16 @@ def _clients(url: str, n: int, max_tokens: int) -> dict[str, Any]:
 def _apps(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """The serial app, the batched app and the batch, over one loaded model."""
     from specdec.api import load_drafter, load_verifier
+    from specdec.batch import batch_of
     from specdec.serve import build_app
     from specdec.stream import StreamingEngine
-    from specdec.verifiers.hf_batch import HFBatch
 
-    v = load_verifier("hf", args.model, dtype=args.dtype)
-    batch = HFBatch(v)
+    v = load_verifier(args.verifier, args.model, dtype=args.dtype)
+    batch = batch_of(v)
+    runtime = "mlx" if args.verifier == "mlx" else "torch"
 
     def engine(verifier: Any) -> StreamingEngine:
-        d = load_drafter(args.drafter, verifier=v, dtype=args.dtype)
+        d = load_drafter(args.drafter, verifier=v, dtype=args.dtype, runtime=runtime)
         return StreamingEngine(verifier, d, block_size=args.block_size)
 
     serial = build_app(engine(v), model_name="m", max_queue=16)
@@ -123,9 +126,9 @@ def _run(args: argparse.Namespace) -> int:
     from specdec.evals.report import emit_figures, figures_header
 
     serial_app, batched_app, batch = _apps(args)
-    result: dict[str, Any] = {**figures_header("specdec.evals.batch_cost"), "model": args.model,
-                              "drafter": args.drafter, "dtype": args.dtype, "max_batch": args.max_batch,
-                              "block_size": args.block_size,
+    result: dict[str, Any] = {**figures_header("specdec.evals.batch_cost"), "verifier": args.verifier,
+                              "model": args.model, "drafter": args.drafter, "dtype": args.dtype,
+                              "max_batch": args.max_batch, "block_size": args.block_size,
                               "clients": {}}  # fmt: skip
     runs: dict[str, dict[int, Any]] = {"serial": {}, "batched": {}}
     for name, app in (("serial", serial_app), ("batched", batched_app)):

@@ -1,13 +1,14 @@
 """Several requests decoding at once on one loaded model, their verifies run together.
 
 Each request runs the engine's own decode loop (`engine.decode`: its drafter, sampler, stop tokens, the
-same steps as alone) on a sequence of a batch (`verifiers.hf_batch.HFBatch`), on a thread of its own;
-the batch runs the calls its members have waiting in one forward. Requests join whenever they start and
+same steps as alone) on a sequence of a batch (`batch_of`: `verifiers.hf_batch.HFBatch` or
+`verifiers.mlx_batch.MLXBatch`), on a thread of its own; the batch runs the calls its members have
+waiting in one forward. Requests join whenever they start and
 leave when they finish or are cancelled (continuous batching); each gets what it gets alone, token for
 token, because the batch gives each call the logits it gets alone (measured when the batch is made, or
 the batch is refused).
 
-    batch = HFBatch(HFVerifier("smollm2-135m-folder", dtype=torch.bfloat16))
+    batch = batch_of(load_verifier("hf", "smollm2-135m", dtype="bfloat16"))
     results = generate_many(batch, [Request(prompt=a, cfg=cfg, drafter=d1), Request(prompt=b, cfg=cfg)])
 """
 
@@ -22,7 +23,7 @@ from specdec.engine import DecodeConfig, generate
 from specdec.protocols import Drafter
 from specdec.records import PromptResult
 
-__all__ = ["Request", "generate_many"]
+__all__ = ["Request", "batch_of", "generate_many"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +36,20 @@ class Request:
     drafter: Drafter | None = None
     cancel: threading.Event | None = None
     prompt_id: str = "0"
+
+
+def batch_of(verifier: Any) -> Any:
+    """A batch over the loaded `verifier` (HF or MLX): it measures, on the model here, that calls run
+    together give what they give alone, or refuses in one line (ValueError) why they cannot."""
+    if verifier.runtime == "hf":
+        from specdec.verifiers.hf_batch import HFBatch
+
+        return HFBatch(verifier)
+    if verifier.runtime == "mlx":
+        from specdec.verifiers.mlx_batch import MLXBatch
+
+        return MLXBatch(verifier)
+    raise ValueError(f"the {verifier.runtime} verifier cannot verify several sequences in one forward")
 
 
 def generate_many(batch: Any, requests: Sequence[Request]) -> list[PromptResult | BaseException]:

@@ -1,14 +1,19 @@
-"""Several requests verified together (`specdec.batch`, `verifiers/hf_batch.py`): each request's output
-equals its solo run's, token for token, whatever else is in the batch: different prompt lengths, stop
-tokens, sampling (greedy, seeded T > 0 with both rules), drafters (none, prompt lookup, DFlash, DFlash +
-lookup), requests joining while others decode and one cancelled mid-way; on tiny Llama and Qwen3 in bf16
-(where this machine's bf16 verify is batch-invariant; where not, the batch is refused in one line)."""
+"""Several requests verified together (`specdec.batch`, `verifiers/hf_batch.py`, `verifiers/mlx_batch.py`):
+each request's output equals its solo run's, token for token, whatever else is in the batch: different
+prompt lengths, stop tokens, sampling (greedy, seeded T > 0 with both rules), drafters (none, prompt
+lookup, DFlash on both drafter runtimes, DFlash + lookup), requests joining while others decode and one
+cancelled mid-way; on the HF verifier (tiny Llama and Qwen3 in bf16, where this machine's bf16 verify is
+batch-invariant; where not, the batch is refused in one line) and the MLX verifier (tiny Llama in fp32,
+Qwen3 in bf16, Gemma 3 with its sliding window passed, in fp32)."""
 
 from __future__ import annotations
 
-import copy
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +22,7 @@ pytest.importorskip("transformers")
 import tinymodels
 
 from specdec.api import load_drafter
-from specdec.batch import Request, generate_many
+from specdec.batch import Request, batch_of, generate_many
 from specdec.drafting.checkpoint import DFlashConfig
 from specdec.drafting.dflash import DFlashDrafter
 from specdec.drafting.dflash_model import DFlashDraftModel
@@ -25,43 +30,72 @@ from specdec.engine import DecodeConfig, generate
 from specdec.sampling import SamplingParams
 from specdec.verifiers.hf import HFVerifier
 from specdec.verifiers.hf_batch import HFBatch
+from specdec.verifiers.stub import StubVerifier
 
-MAKERS = {"llama": tinymodels.tiny_llama, "qwen3": tinymodels.tiny_qwen3}
+MAKERS = {"llama": tinymodels.tiny_llama, "qwen3": tinymodels.tiny_qwen3, "gemma3": tinymodels.tiny_gemma3}
+DRAFT_MODELS: dict[int, Path] = {}  # id(verifier) -> a draft model of its family (another seed)
+CASES = [
+    ("hf", "llama", "bfloat16"), ("hf", "qwen3", "bfloat16"),
+    pytest.param(("mlx", "llama", "float32"), marks=pytest.mark.mlx),
+    pytest.param(("mlx", "qwen3", "bfloat16"), marks=pytest.mark.mlx),
+    pytest.param(("mlx", "gemma3", "float32"), marks=pytest.mark.mlx),
+]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=list(MAKERS))
-def verifier(request, tmp_path_factory) -> HFVerifier:
-    return HFVerifier(MAKERS[request.param](tmp_path_factory.mktemp(request.param)), dtype=torch.bfloat16)
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
+def verifier(request, tmp_path_factory) -> Any:
+    runtime, family, dtype = request.param
+    folder = MAKERS[family](tmp_path_factory.mktemp(family))
+    if runtime == "hf":
+        v = HFVerifier(folder, dtype=getattr(torch, dtype))
+    else:
+        pytest.importorskip("mlx_lm")
+        from specdec.verifiers.mlx import MLXVerifier
+
+        v = MLXVerifier(folder, dtype=dtype)
+    DRAFT_MODELS[id(v)] = MAKERS[family](tmp_path_factory.mktemp(f"{family}-draft"), seed=1)
+    return v
 
 
-def batch_or_refused(v: HFVerifier) -> HFBatch | None:
-    """The batch, or None where this machine's bf16 verify is not batch-invariant (refused in one line)."""
+def batch_or_refused(v: Any) -> Any:
+    """The batch, or None where this machine's verify is not batch-invariant (refused in one line)."""
     if not v.batch_invariant:
-        with pytest.raises(ValueError, match="cannot verify several sequences in one forward: its bfloat16"):
-            HFBatch(v)
+        with pytest.raises(ValueError, match="cannot verify several sequences in one forward: its"):
+            batch_of(v)
         return None
-    return HFBatch(v)
+    return batch_of(v)
 
 
-def dflash(v: HFVerifier) -> DFlashDrafter:
+def dflash(v: Any, *, mlx: bool = False) -> Any:
+    """A DFlash drafter bound to `v`: torch, or (`mlx`) the same weights on the MLX drafter runtime."""
     torch.manual_seed(0)
     cfg = DFlashConfig(
         hidden_size=v.hidden_size, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=128, vocab_size=v.vocab_size, num_target_layers=v.num_layers,
         mask_token_id=v.vocab_size - 1, block_size=6,
     )  # fmt: skip
-    return DFlashDrafter(DFlashDraftModel(cfg).to(torch.bfloat16))
+    d = DFlashDrafter(DFlashDraftModel(cfg).to(torch.bfloat16))
+    if mlx:
+        from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+
+        folder = Path(tempfile.mkdtemp())
+        d = MLXDFlashDrafter.from_pretrained(d.save_pretrained(folder))
+        shutil.rmtree(folder)
+    d.bind(v)
+    return d
 
 
-def requests(v: HFVerifier) -> list[Request]:
+def requests(v: Any) -> list[Request]:
+    """Seven requests, each with drafters of its own (made again on every call: the same ones)."""
     rep = [(7 * i) % 50 + 5 for i in range(12)] * 3  # repeats: prompt lookup drafts
     long = [(13 * i) % 240 + 5 for i in range(90)]  # more rows than one forward packs: prefilled alone
-    prompts = [rep, [(11 * i) % 250 + 5 for i in range(9)], rep[:20], [5, 6, 7], rep[3:31], long]
+    prompts = [rep, [(11 * i) % 250 + 5 for i in range(9)], rep[:20], [5, 6, 7], rep[3:31], long, rep[5:]]
     match = SamplingParams(temperature=0.8, seed=3, rule="match", proposal="sample")
     reject = SamplingParams(temperature=1.0, seed=5, rule="rejection", proposal="sample", top_k=20)
     kinds = [
         (None, 1, None, None), ("prompt-lookup", 6, None, frozenset({17})), ("dflash", 6, match, None),
         ("dflash+lookup", 6, None, None), ("prompt-lookup", 4, reject, None), ("dflash", 6, reject, None),
+        ("model", 4, match, None),
     ]  # fmt: skip
     out = []
     for i, (p, (kind, block, sp, stops)) in enumerate(zip(prompts, kinds, strict=True)):
@@ -69,9 +103,11 @@ def requests(v: HFVerifier) -> list[Request]:
             d = None
         elif kind == "prompt-lookup":
             d = load_drafter("prompt-lookup", verifier=v)
+        elif kind == "model":  # a small causal LM drafting token by token, on the verifier's runtime
+            rt = "mlx" if v.runtime == "mlx" else "torch"
+            d = load_drafter(f"model:{DRAFT_MODELS[id(v)]}", verifier=v, runtime=rt, block_size=block)
         else:
-            d = dflash(v)
-            d.bind(v)
+            d = dflash(v, mlx=v.runtime == "mlx" and i == 2)  # on MLX, one request's DFlash runs in MLX
             if kind.endswith("+lookup"):
                 from specdec.drafting.mix import LookupFirstDrafter
 
@@ -82,16 +118,17 @@ def requests(v: HFVerifier) -> list[Request]:
     return out
 
 
-def solo(v: HFVerifier, r: Request) -> list[int]:
-    return generate(v, r.prompt, drafter=copy.deepcopy(r.drafter), cfg=r.cfg).output_tokens
+def solo(v: Any, r: Request) -> list[int]:
+    """`r` alone on the verifier's own path (with its drafter: use a request of its own)."""
+    return generate(v, r.prompt, drafter=r.drafter, cfg=r.cfg).output_tokens
 
 
 def test_batched_requests_equal_their_solo_runs(verifier):
     batch = batch_or_refused(verifier)
     if batch is None:
         return
+    want = [solo(verifier, r) for r in requests(verifier)]
     reqs = requests(verifier)
-    want = [solo(verifier, r) for r in reqs]
     got: dict[int, object] = {}
 
     def wave(idx: list[int]) -> None:
@@ -101,7 +138,7 @@ def test_batched_requests_equal_their_solo_runs(verifier):
     first = threading.Thread(target=wave, args=([0, 1, 2],))
     first.start()
     time.sleep(0.05)  # the second wave joins while the first decodes
-    wave([3, 4, 5])
+    wave([3, 4, 5, 6])
     first.join()
     for i, w in enumerate(want):
         assert not isinstance(got[i], BaseException), got[i]
@@ -109,7 +146,7 @@ def test_batched_requests_equal_their_solo_runs(verifier):
     assert max(batch.sizes) > 1, batch.sizes  # calls did share forwards
     # each step records how many calls its verify shared a forward with; the result JSON takes it
     sizes = [s.batch_size for r in got.values() for s in r.steps]
-    assert all(isinstance(n, int) and 1 <= n <= 6 for n in sizes) and max(sizes) > 1
+    assert all(isinstance(n, int) and 1 <= n <= 7 for n in sizes) and max(sizes) > 1
     from specdec.records import run_config, run_json, validate
 
     validate(run_json(config=run_config(verifier, None, reqs[0].cfg), results=[got[0], got[1]], device="cpu"))
@@ -119,15 +156,16 @@ def test_a_cancelled_request_leaves_the_others_alone(verifier):
     batch = batch_or_refused(verifier)
     if batch is None:
         return
+    want = [solo(verifier, r) for r in requests(verifier)[:4]]
     reqs = requests(verifier)[:4]
     stop = threading.Event()
     reqs[1] = Request(prompt=reqs[1].prompt, cfg=reqs[1].cfg, drafter=reqs[1].drafter, cancel=stop)
     threading.Timer(0.02, stop.set).start()
     out = generate_many(batch, reqs)
     cut = out[1]
-    assert cut.output_tokens == solo(verifier, reqs[1])[: len(cut.output_tokens)]
+    assert cut.output_tokens == want[1][: len(cut.output_tokens)]
     for i in (0, 2, 3):
-        assert out[i].output_tokens == solo(verifier, reqs[i])
+        assert out[i].output_tokens == want[i]
 
 
 def test_models_a_batch_cannot_pack_are_one_line(tmp_path):
@@ -137,6 +175,8 @@ def test_models_a_batch_cannot_pack_are_one_line(tmp_path):
     fp32 = HFVerifier(tinymodels.tiny_llama(tmp_path / "llama"))
     with pytest.raises(ValueError, match="float32 verify is not batch-invariant here"):
         HFBatch(fp32)
+    with pytest.raises(ValueError, match="the stub verifier cannot verify several sequences"):
+        batch_of(StubVerifier())
     with pytest.raises(ValueError, match="share one drafter object"):
         d = load_drafter("prompt-lookup", verifier=fp32)
         cfg = DecodeConfig(max_new_tokens=4, block_size=4)
@@ -145,17 +185,38 @@ def test_models_a_batch_cannot_pack_are_one_line(tmp_path):
         )
 
 
+@pytest.mark.mlx
+def test_mlx_models_a_batch_cannot_run_are_one_line(tmp_path):
+    pytest.importorskip("mlx_lm")
+    from specdec.verifiers.mlx import MLXVerifier
+
+    for name, make, why in [
+        ("g4", tinymodels.tiny_gemma4, "are not one plain KV cache per layer"),  # KV-shared layers
+        ("q35", tinymodels.tiny_qwen3_5, r"\['ArraysCache', 'KVCache'\] are not one plain KV cache"),
+    ]:
+        with pytest.raises(
+            ValueError, match=f"cannot verify several sequences in one forward: its caches .*{why}"
+        ):
+            batch_of(MLXVerifier(make(tmp_path / name), dtype="float32"))
+
+
 def test_a_packed_attention_that_parts_from_solo_is_refused(verifier, monkeypatch):
     """The measurement at construction compares packed calls with the verifier's own path: a packed
     attention off by 5% is refused, not run."""
-    import specdec.verifiers.hf_parts as parts
-
     if batch_or_refused(verifier) is None:
         return
-    real = parts.attend_packed
-    monkeypatch.setattr(parts, "attend_packed", lambda *a, **kw: real(*a, **kw) * 1.05)
-    with pytest.raises(ValueError, match="packed rows do not give the logits of the same calls alone"):
-        HFBatch(verifier)
+    if verifier.runtime == "hf":
+        import specdec.verifiers.hf_parts as parts
+
+        real = parts.attend_packed
+        monkeypatch.setattr(parts, "attend_packed", lambda *a, **kw: real(*a, **kw) * 1.05)
+    else:
+        from specdec.verifiers.mlx_batch import PackedKV
+
+        real = PackedKV.attend
+        monkeypatch.setattr(PackedKV, "attend", lambda *a, **kw: real(*a, **kw) * 1.05)
+    with pytest.raises(ValueError, match="rows together do not give the logits of the same calls alone"):
+        batch_of(verifier)
 
 
 def test_the_tree_of_a_batched_sequence_is_refused(verifier):

@@ -290,28 +290,36 @@ def test_smollm2_server_matches_python_api(capsys):
         )
 
 
-def test_max_batch_eight_streaming_clients_each_get_their_solo_text(tmp_path):
-    """`--max-batch 4`: four engines on sequences of one `HFBatch` (tiny Llama, bf16), eight streaming
-    clients at once, each with its own prompt and sampling: each gets the text its request gives alone
-    on the plain verifier. Where this machine's bf16 verify is not batch-invariant the batch is refused."""
+@pytest.mark.parametrize("runtime", ["hf", pytest.param("mlx", marks=pytest.mark.mlx)])
+def test_max_batch_eight_streaming_clients_each_get_their_solo_text(tmp_path, runtime):
+    """`--max-batch 4`: four engines on sequences of one batch (tiny Llama: HF in bf16, MLX in fp32), eight
+    streaming clients at once, each with its own prompt and sampling: each gets the text its request gives
+    alone on the plain verifier. Where this machine's verify is not batch-invariant the batch is refused."""
     import tinymodels
     import torch
 
+    from specdec.batch import batch_of
     from specdec.sampling import SamplingParams
     from specdec.verifiers.hf import HFVerifier
-    from specdec.verifiers.hf_batch import HFBatch
 
     folder = tinymodels.tiny_tokenizer(tinymodels.tiny_llama(tmp_path / "llama"), bos=1, eos=2)
-    v = HFVerifier(folder, dtype=torch.bfloat16)
+    if runtime == "hf":
+        make = lambda: HFVerifier(folder, dtype=torch.bfloat16)  # noqa: E731
+    else:
+        pytest.importorskip("mlx_lm")
+        from specdec.verifiers.mlx import MLXVerifier
+
+        make = lambda: MLXVerifier(folder, dtype="float32")  # noqa: E731
+    v = make()
     if not v.batch_invariant:
         with pytest.raises(ValueError, match="not batch-invariant here"):
-            HFBatch(v)
+            batch_of(v)
         return
-    batch = HFBatch(v)
+    batch = batch_of(v)
     engines = [StreamingEngine(batch.sequence(), PromptLookupDrafter(block_size=BLOCK)) for _ in range(4)]
     prompts = [f"client {i}: " + "abc " * (i + 2) for i in range(8)]
     temps = [0.0 if i % 2 else 0.8 for i in range(8)]
-    solo = StreamingEngine(HFVerifier(folder, dtype=torch.bfloat16), PromptLookupDrafter(block_size=BLOCK))
+    solo = StreamingEngine(make(), PromptLookupDrafter(block_size=BLOCK))
     want = [
         solo.complete(p, max_tokens=24, sampling=SamplingParams(temperature=t, seed=7)).text
         for p, t in zip(prompts, temps, strict=True)
@@ -336,4 +344,4 @@ def test_max_batch_is_refused_where_it_cannot_run(capsys):
     from specdec.cli import main
 
     assert main(["serve", "--verifier", "stub", "--max-batch", "2", "--port", "0"]) == 2
-    assert "--max-batch runs chains on the HF verifier" in capsys.readouterr().err
+    assert "--max-batch runs chains on the HF and MLX verifiers" in capsys.readouterr().err

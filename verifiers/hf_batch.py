@@ -12,22 +12,22 @@ rows than that.
 Exact, or refused: each sequence gets bit for bit the logits its call alone gets where the model's rows do
 not depend on the rows beside them: `HFVerifier.batch_invariant` (the linears up to `MAX_VERIFY_TOKENS`
 rows and the invariant attention, measured on the loaded model at load) and, measured here once more on
-the model, packed calls against the same calls alone (`packed_equals_solo`). A model or machine where that
-does not hold, and models with layers the packed attention does not cover yet (sliding windows, KV-shared
-or linear-attention layers, attention sinks), get a one-line ValueError: their requests run one at a time.
+the model, packed calls against the same calls alone (`rendezvous.solo_mismatch`). A model or machine
+where that does not hold, and models with layers the packed attention does not cover yet (sliding
+windows, KV-shared or linear-attention layers, attention sinks), get a one-line ValueError: their
+requests run one at a time.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.protocols import check_layer_ids
+from specdec.rendezvous import Rendezvous, solo_mismatch
 from specdec.verifiers.hf import HFVerifier
 from specdec.verifiers.hf_parts import PACK, Packed, packed_layer
 
@@ -57,68 +57,24 @@ class HFSequence(HFVerifier):
         return self.batch.call(self, list(tokens), last_only)
 
 
-class HFBatch:
+class HFBatch(Rendezvous):
     """Sequences on one loaded `HFVerifier` whose calls are verified together (module docstring)."""
 
     def __init__(self, verifier: HFVerifier) -> None:
         why = _unsupported(verifier)
         if why:
             raise ValueError(f"{verifier.model_name} cannot verify several sequences in one forward: {why}")
+        super().__init__()
         self.base = verifier
-        self._cond = threading.Condition()
-        self._members: set[HFSequence] = set()
-        self._waiting: dict[HFSequence, list[Any]] = {}  # in arrival order: [tokens, last_only, logits]
-        self.sizes: list[int] = []  # the calls of each forward run, in order (what benchmarks read)
-        if not packed_equals_solo(self):
-            raise ValueError(
-                f"{verifier.model_name} cannot verify several sequences in one forward: its packed rows do "
-                f"not give the logits of the same calls alone here in {verifier.dtype} (measured)"
-            )
+        why = solo_mismatch(self)
+        if why:
+            raise ValueError(f"{verifier.model_name} cannot verify several sequences in one forward: {why}")
 
     def sequence(self) -> HFSequence:
         return HFSequence(self)
 
-    @contextmanager
-    def member(self, seq: HFSequence) -> Iterator[None]:
-        """`seq` decodes now: the others' calls wait for its next one (until it leaves)."""
-        with self._cond:
-            self._members.add(seq)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._members.discard(seq)
-                self._run_ready()  # the others' calls may have waited for its
-
-    def call(self, seq: HFSequence, tokens: list[int], last_only: bool) -> torch.Tensor:
-        """`seq`'s call, run with the other members' waiting ones: its logits [T, V] (or [1, V])."""
-        with self._cond:
-            slot = self._waiting[seq] = [tokens, last_only, None]
-            self._run_ready()
-            while slot[2] is None:
-                self._cond.wait()
-        if isinstance(slot[2], Exception):
-            raise slot[2]
-        return slot[2]
-
-    def _run_ready(self) -> None:
-        """With the lock held: when every member (or a non-member) has a call waiting, run them all."""
-        ready = self._waiting and (
-            set(self._waiting) >= self._members or any(s not in self._members for s in self._waiting)
-        )
-        if not ready:
-            return
-        calls = list(self._waiting.items())
-        self._waiting.clear()
-        try:
-            for group in _groups(calls):
-                for (_, slot), logits in zip(group, self._forward(group), strict=True):
-                    slot[2] = logits
-        except Exception as e:  # every waiting call gets the error, none waits forever
-            for _, slot in calls:
-                slot[2] = e if slot[2] is None else slot[2]
-        finally:
-            self._cond.notify_all()
+    def fits(self, lengths: list[int]) -> bool:
+        return sum(lengths) <= MAX_VERIFY_TOKENS  # the rows the linears were measured invariant up to
 
     @torch.inference_mode()
     def _forward(self, group: list[tuple[HFSequence, list[Any]]]) -> list[torch.Tensor]:
@@ -152,7 +108,6 @@ class HFBatch:
             PACK.reset(token)
             for h in hooks:
                 h.remove()
-        self.sizes.append(len(group))
         logits, row = [], 0
         for (seq, (_, last_only, _)), (a, b) in zip(group, spans, strict=True):
             n = 1 if last_only else b - a
@@ -181,22 +136,6 @@ def _tap(store: dict[int, torch.Tensor], i: int) -> Any:
     return hook
 
 
-def _groups(calls: list[tuple[HFSequence, list[Any]]]) -> Iterator[list[tuple[HFSequence, list[Any]]]]:
-    """The calls in arrival order, grouped so no forward holds more than MAX_VERIFY_TOKENS rows (a longer
-    call alone)."""
-    group: list[tuple[HFSequence, list[Any]]] = []
-    rows = 0
-    for call in calls:
-        T = len(call[1][0])
-        if group and rows + T > MAX_VERIFY_TOKENS:
-            yield group
-            group, rows = [], 0
-        group.append(call)
-        rows += T
-    if group:
-        yield group
-
-
 def _unsupported(v: HFVerifier) -> str | None:
     """Why `attend_packed` cannot run `v`'s model (None: it can)."""
     cfg = v.config
@@ -211,28 +150,3 @@ def _unsupported(v: HFVerifier) -> str | None:
     if any(hasattr(m, "sinks") for m in v.model.modules()):
         return "its attention sinks are not packed yet"
     return None
-
-
-def packed_equals_solo(batch: HFBatch) -> bool:
-    """Whether two sequences' calls packed into one forward give bit for bit the logits the verifier's own
-    path gives the same calls (a prompt each, then a verify of several tokens and one of one), on the
-    batch's model here. Leaves the verifier's own cache reset."""
-    from specdec.measure import probe_ids
-
-    ids = probe_ids(batch.base.vocab_size, 40)
-    calls = [(ids[:20], ids[20:23]), (ids[20:31], ids[31:32])]
-    solo = [batch.base.probe_logits(list(c))[1] for c in calls]
-    seqs = [batch.sequence() for _ in calls]
-    for seq, (prompt, _) in zip(seqs, calls, strict=True):
-        seq.forward(prompt)  # not a member yet: runs alone
-    got: dict[int, torch.Tensor] = {}
-    with batch.member(seqs[0]), batch.member(seqs[1]):
-        threads = [
-            threading.Thread(target=lambda i=i: got.__setitem__(i, seqs[i].forward(calls[i][1])))
-            for i in range(2)
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    return len(got) == 2 and all(torch.equal(got[i], solo[i]) for i in range(2))

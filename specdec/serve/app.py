@@ -40,7 +40,8 @@ def build_app(
     on_death: Callable[[BaseException], None] | None = None,
 ) -> Any:
     """The Starlette app; `app.state.worker` is the Worker (its threads start here; `on_death` as there).
-    Several engines (on sequences of one `HFBatch`, `batch`) serve as many requests at once."""
+    Several engines (on sequences of one batch, `batch`: `specdec.batch.batch_of`) serve as many requests
+    at once."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 

@@ -38,8 +38,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-reuse", action="store_true", help="prefill every prompt whole (no prefix reuse)")
     p.add_argument(
         "--max-batch", type=at_least(1, 16), default=1,
-        help="requests served at once, their verifies in one forward (HF verifier, exact or refused; "
-        "docs/batching.md); default 1: one at a time",
+        help="requests served at once, their verifies in one forward (HF and MLX verifiers, exact or "
+        "refused; docs/batching.md); default 1: one at a time",
     )  # fmt: skip
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
 
@@ -75,11 +75,12 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
 
     sampling = sampling_of(args)
     spec = run_spec(args)
-    if args.max_batch > 1 and (spec.verifier != "hf" or spec.tree is not None):  # before anything loads
-        raise ValueError("--max-batch runs chains on the HF verifier (docs/batching.md)")
+    batchable = spec.verifier in ("hf", "mlx") and spec.tree is None
+    if args.max_batch > 1 and not batchable:  # before anything loads
+        raise ValueError("--max-batch runs chains on the HF and MLX verifiers (docs/batching.md)")
     m = load(spec)
     verifier = m.verifier
-    engines, batch = _engines(spec, m, args)
+    engines, batch = _engines(spec, m, args, batchable=batchable)
     server: Any = None
     died: list[BaseException] = []
 
@@ -104,22 +105,30 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     return 0
 
 
-def _engines(spec: Any, m: Any, args: argparse.Namespace) -> tuple[list[StreamingEngine], Any]:
-    """The engines that serve: the loaded one, or with `--max-batch N` N on sequences of one `HFBatch`,
-    each with a drafter of its own (refused in one line where the batch cannot be exact; a verifier other
-    than HF and trees are refused before anything loads)."""
+def _engines(
+    spec: Any, m: Any, args: argparse.Namespace, *, batchable: bool
+) -> tuple[list[StreamingEngine], Any]:
+    """The engines that serve: the loaded one, or with `--max-batch N` N on sequences of one batch
+    (`specdec.batch.batch_of`), each with a drafter of its own (refused in one line where the batch cannot
+    be exact; the stub verifier and trees are refused before anything loads)."""
     reuse = not args.no_reuse
-    if args.max_batch == 1:
+    n, batch = _batch_size(m, args.max_batch, batchable=batchable)
+    if n == 1:
         return [StreamingEngine.from_loaded(m, max_context=args.max_context, reuse=reuse)], None
     from specdec.api import drafter_for
-    from specdec.verifiers.hf_batch import HFBatch
 
-    batch = HFBatch(m.verifier)
     engines = []
-    for i in range(args.max_batch):
+    for i in range(n):
         seq = batch.sequence()
         d = m.drafter if i == 0 or m.drafter is None else drafter_for(spec, seq, dtype=m.dtype, costs=m.costs)
         engines.append(
             StreamingEngine(seq, d, block_size=m.block_size, max_context=args.max_context, reuse=reuse)
         )
     return engines, batch
+
+
+def _batch_size(m: Any, asked: int, *, batchable: bool) -> tuple[int, Any]:
+    """(requests at once, their batch or None) for `--max-batch`."""
+    from specdec.batch import batch_of
+
+    return (asked, batch_of(m.verifier)) if asked > 1 else (1, None)

@@ -1,6 +1,6 @@
 """The threads that run the engines of `specdec serve`: requests queue as `Job`s and are served in arrival
 order, one at a time per engine; each job's events go back to its request's event loop. With several
-engines (`--max-batch N`: N sequences of one `HFBatch`) N requests run at once, each a member of the batch
+engines (`--max-batch N`: N sequences of one batch) N requests run at once, each a member of the batch
 while it runs, so their verifies share forwards."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Job:
 
 class Worker:
     """One thread per engine; at most `max_queue` requests wait for a free one (0: none wait). With a
-    `batch` (several engines on sequences of one `HFBatch`), a request is a member of it while it runs.
+    `batch` (several engines on sequences of one batch), a request is a member of it while it runs.
     Every exception of a request becomes that request's error; should a thread itself ever end for another
     reason, `error` says why, /health answers 503 and `on_death` runs (the CLI server exits 1)."""
 

@@ -1,0 +1,206 @@
+"""Several sequences on one loaded mlx_lm model, their calls verified together in one forward.
+
+`MLXBatch(verifier)` hands out `MLXSequence`s: each the Verifier protocol with caches of its own, sharing
+the model and what was measured when it loaded. Members' calls meet in the batch (`specdec.rendezvous`)
+and run as one forward of the model over a batch [B, T_max] of their tokens (right-padded), its layers'
+caches replaced by `PackedKV`s for the forward:
+- each sequence's RoPE at its own positions (the model's own rope, given a vector of offsets [B], as
+  mlx_lm's batched generation gives it);
+- each layer's new keys and values appended to each sequence's own KVCache (its real rows only), and its
+  attention computed per sequence: the model's attention function, stood in for in its module for calls
+  that carry a `PackedKV`, runs mlx_lm's own attention on the sequence's queries, its own cache and its
+  own mask (as that cache makes it alone), so the attention is its call alone, shape for shape;
+- every linear computes all B * T_max rows in one product: the rows' results do not depend on the rows
+  beside them where the verifier's `batch_invariant` holds (measured on the loaded model), so groups hold
+  at most `MAX_VERIFY_TOKENS` rows, padding included.
+
+Exact, or refused: `MLXBatch` measures calls run together against the same calls through the verifier's
+own path (`rendezvous.solo_mismatch`) and refuses where they differ, and refuses in one line models whose
+caches are not one plain KVCache per layer (Gated DeltaNet state, KV-shared layers, rotating windows).
+A call alone, or longer than a group may hold (a long prefill), runs the verifier's own way.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from specdec.kernels import MAX_VERIFY_TOKENS, TreeAttention
+from specdec.rendezvous import Call, Rendezvous, solo_mismatch
+from specdec.verifiers.mlx import MLXVerifier
+from specdec.verifiers.mlx_cache import Tap
+
+__all__ = ["MLXBatch", "MLXSequence"]
+
+
+class MLXSequence(MLXVerifier):
+    """One sequence of an `MLXBatch`: an `MLXVerifier` with its own caches whose calls go through it."""
+
+    def __init__(self, batch: MLXBatch) -> None:  # the loaded verifier's state, not its loading
+        self.__dict__.update(batch.base.__dict__)
+        self.batch = batch
+        self.batch_size = 1  # `BatchedCalls`: the calls the forward of its last call ran
+        self._layer_ids = ()
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self.run_ahead = False  # a queued step would run outside the batch
+
+    def check_tree(self) -> None:
+        raise ValueError(f"{self.model_name}: a sequence verified in a batch verifies chains; use a chain")
+
+    def _forward(
+        self, tokens: Sequence[int] | mx.array, *, last_only: bool, tree: TreeAttention | None = None
+    ) -> mx.array:
+        if tree is not None:
+            self.check_tree()
+        tokens = tokens.tolist() if isinstance(tokens, mx.array) else list(tokens)
+        if not tokens:
+            raise ValueError("no tokens to process")
+        if self._pos + len(tokens) > self.max_context:
+            raise ValueError(
+                f"context overflow: {self._pos} cached + {len(tokens)} new > max_context {self.max_context}"
+            )
+        return self.batch.call(self, tokens, last_only)  # [T, V] or [1, V], evaluated
+
+
+class MLXBatch(Rendezvous):
+    """Sequences on one loaded `MLXVerifier` whose calls are verified together (module docstring)."""
+
+    def __init__(self, verifier: MLXVerifier) -> None:
+        why = _unsupported(verifier)
+        if why:
+            raise ValueError(f"{verifier.model_name} cannot verify several sequences in one forward: {why}")
+        super().__init__()
+        self.base = verifier
+        _stand_in_attention(verifier.model)
+        why = solo_mismatch(self)
+        if why:
+            raise ValueError(f"{verifier.model_name} cannot verify several sequences in one forward: {why}")
+
+    def sequence(self) -> MLXSequence:
+        return MLXSequence(self)
+
+    def fits(self, lengths: list[int]) -> bool:
+        return len(lengths) * max(lengths) <= MAX_VERIFY_TOKENS  # padded rows count too
+
+    def _forward(self, group: list[Call]) -> list[mx.array]:
+        """One forward of the group's calls (module docstring); each call's logits, evaluated here: the
+        thread that runs a forward may not be the one of the sequence that reads its results."""
+        if len(group) == 1:  # as `MLXVerifier._forward`
+            seq, (tokens, last_only, _) = group[0]
+            logits = MLXVerifier._forward(seq, tokens, last_only=last_only)
+            mx.eval(logits, seq._feats, [c.state for c in seq._cache])
+            seq.batch_size = 1
+            return [logits]
+        seqs = [seq for seq, _ in group]
+        lengths = [len(call[0]) for _, call in group]
+        T = max(lengths)
+        ids = mx.array([call[0] + [0] * (T - len(call[0])) for _, call in group], dtype=mx.int32)  # [B, T]
+        offsets = mx.array([seq._pos for seq in seqs], dtype=mx.int32)  # [B]
+        caches = [
+            PackedKV([seq._cache[i] for seq in seqs], lengths, offsets) for i in range(len(seqs[0]._cache))
+        ]
+        store: dict[int, mx.array] = {}
+        with _tapped(self.base, sorted({i for seq in seqs for i in seq._layer_ids}), store):
+            logits = self.base.model(ids, cache=caches)  # [B, T, V]
+        out = []
+        for b, (seq, (tokens, last_only, _)) in enumerate(group):
+            n = len(tokens)
+            out.append(logits[b, n - 1 : n] if last_only else logits[b, :n])  # [1|n, V]
+            feats = [store[i][b, :n] for i in seq._layer_ids]  # [n, H] each
+            seq._feats = mx.concatenate(feats, axis=-1) if feats else None  # [n, K*H]
+            seq._pos += n
+            seq.batch_size = len(group)
+        mx.eval(
+            out, [s._feats for s in seqs if s._feats is not None], [c.state for s in seqs for c in s._cache]
+        )
+        return out
+
+
+class PackedKV:
+    """One layer's cache during a forward of several sequences: the rope's offsets [B], each sequence's
+    real rows appended to its own KVCache, and what the attention of each sequence needs (its cache's
+    keys, values and mask), which the stood-in attention function reads."""
+
+    def __init__(self, caches: list[Any], lengths: list[int], offsets: mx.array) -> None:
+        self.caches, self.lengths, self.offset = caches, lengths, offsets  # offset: [B], read by the rope
+        self.fetched: list[tuple[mx.array, mx.array]] = []
+
+    def make_mask(self, N: int, **kw: Any) -> PerSequence:
+        return PerSequence([c.make_mask(n, **kw) for c, n in zip(self.caches, self.lengths, strict=True)])
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """keys, values [B, H, T, D]: each sequence's first rows into its cache; they come back as given
+        (the attention reads each sequence's cache instead)."""
+        self.fetched = [
+            c.update_and_fetch(keys[b : b + 1, :, :n], values[b : b + 1, :, :n])  # [1, H, L_b, D] each
+            for b, (c, n) in enumerate(zip(self.caches, self.lengths, strict=True))
+        ]
+        return keys, values
+
+    def attend(self, attention: Any, queries: mx.array, mask: Any, kw: dict[str, Any]) -> mx.array:
+        """queries [B, H, T, D] -> [B, H, T, D]: each sequence's rows by `attention` (mlx_lm's own) over
+        its own keys with its own mask; padded rows zero."""
+        T, outs = queries.shape[2], []
+        for b, (c, n, (k, v)) in enumerate(zip(self.caches, self.lengths, self.fetched, strict=True)):
+            m = mask.parts[b] if isinstance(mask, PerSequence) else mask
+            o = attention(queries[b : b + 1, :, :n], k, v, cache=c, mask=m, **kw)  # [1, H, n, D]
+            outs.append(mx.pad(o, [(0, 0), (0, 0), (0, T - n), (0, 0)]) if n < T else o)
+        return mx.concatenate(outs, axis=0)
+
+
+class PerSequence:
+    """The masks of a `PackedKV`'s sequences, each as its cache makes it alone (None, "causal", array)."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+
+def _stand_in_attention(model: Any) -> None:
+    """In every module of `model`'s classes that calls mlx_lm's `scaled_dot_product_attention`, stand in
+    for it (once): calls with a `PackedKV` attend per sequence, every other call is the original's."""
+    for m in model.modules():
+        module = sys.modules.get(type(m).__module__)
+        real = getattr(module, "scaled_dot_product_attention", None)
+        if real is None or getattr(real, "packed", False):
+            continue
+
+        def attention(queries, keys, values, cache=None, scale=1.0, mask=None, real=real, **kw):  # type: ignore[no-untyped-def]
+            if isinstance(cache, PackedKV):
+                return cache.attend(real, queries, mask, {"scale": scale, **kw})
+            return real(queries, keys, values, cache=cache, scale=scale, mask=mask, **kw)
+
+        attention.packed = True  # type: ignore[attr-defined]
+        module.scaled_dot_product_attention = attention
+
+
+class _tapped:
+    """The decoder layers `ids` of `v`'s model record their output [B, T, H] into `store` for a forward."""
+
+    def __init__(self, v: MLXVerifier, ids: list[int], store: dict[int, mx.array]) -> None:
+        self.layers, self.start = v._layer_list()
+        self.ids, self.store = ids, store
+
+    def __enter__(self) -> None:
+        self.originals = {i: self.layers[self.start + i] for i in self.ids}
+        for i, layer in self.originals.items():
+            self.layers[self.start + i] = Tap(layer, self.store, i, False)
+
+    def __exit__(self, *exc: Any) -> None:
+        for i, layer in self.originals.items():
+            self.layers[self.start + i] = layer
+
+
+def _unsupported(v: MLXVerifier) -> str | None:
+    """Why a forward of several sequences cannot run `v`'s model (None: it can; exactness is measured)."""
+    if not v.batch_invariant:
+        return f"its {v.dtype} verify is not batch-invariant here (measured)"
+    kinds = sorted({type(c).__name__ for c in v._cache})
+    if len(v._cache) != v.num_layers or kinds != ["KVCache"]:
+        return f"its caches {kinds} are not one plain KV cache per layer (recurrent, KV-shared or rotating)"
+    return None
