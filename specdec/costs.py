@@ -24,7 +24,16 @@ import torch
 
 from specdec.protocols import Drafter, TreeVerify, Verifier
 
-__all__ = ["MAX_ROW_COST", "VerifyCosts", "choose_block", "measure_costs", "measure_tree_costs"]
+__all__ = [
+    "MAX_ROW_COST",
+    "MIN_BATCH_GAIN",
+    "VerifyCosts",
+    "choose_block",
+    "choose_max_batch",
+    "knee",
+    "measure_costs",
+    "measure_tree_costs",
+]
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,12 @@ def measure_costs(
     verifier.prefill(ids[:context])
     if drafter:
         drafter.reset()
-        drafter.extend(verifier.features(context, device=drafter.device, dtype=drafter.dtype), ids[:context])
+        feats = (  # [context, K*H]; none for a drafter that reads no features (prompt lookup)
+            verifier.features(context, device=drafter.device, dtype=drafter.dtype)
+            if drafter.target_layer_ids
+            else None
+        )
+        drafter.extend(feats, ids[:context])
     times: dict[int, list[float]] = {b: [] for b in sizes}
     draft: list[float] = []
     for _ in range(reps):
@@ -197,3 +211,58 @@ def measure_tree_costs(
     return {n: statistics.median(x) for n, x in chain.items()}, {
         n: statistics.median(x) for n, x in tree.items()
     }
+
+
+#: `--max-batch auto` doubles the requests served at once while the doubling raises the measured rate of
+#: committed steps by at least this much (past the knee, more at once only adds to each one's latency)
+MIN_BATCH_GAIN = 1.1
+
+
+def choose_max_batch(
+    batch: Any, *, block: int, draft_s: float = 0.0, most: int = 16, context: int = 128, reps: int = 3
+) -> tuple[int, str]:
+    """(N, why) for `--max-batch auto`: N = 1, 2, 4, ... up to `most` sequences of `batch` (a
+    `specdec.batch.batch_of`), each `context` tokens in, verify `block` tokens at once (and roll them back),
+    timed here and now; a step of N requests costs N drafts (`draft_s` each: they take turns on the host)
+    and that verify. N doubles while the doubling raises N / step by `MIN_BATCH_GAIN`."""
+    from specdec.rendezvous import together
+
+    context = max(1, min(context, batch.base.max_context - block - 1))
+    g = torch.Generator().manual_seed(0)
+    ids = [int(t) for t in torch.randint(10, batch.base.vocab_size - 10, (context + block,), generator=g)]
+    seqs: list[Any] = []
+
+    def step(i: int) -> None:
+        seqs[i].verify(ids[context:])
+        seqs[i].rollback(block)
+
+    rates: dict[int, float] = {}
+    n = 1
+    while n <= most:
+        while len(seqs) < n:
+            seqs.append(batch.sequence())
+            seqs[-1].prefill(ids[:context])  # not a member yet: alone
+        times = []
+        for _ in range(reps + 1):  # the first warms up (caches grown, weights packed)
+            t = time.perf_counter()
+            errors = [e for e in together(batch, seqs[:n], step) if isinstance(e, Exception)]
+            times.append(time.perf_counter() - t)
+            if errors:
+                raise errors[0]
+        rates[n] = n / (n * draft_s + statistics.median(times[1:]))
+        if knee(rates) < n:
+            break
+        n *= 2
+    best = knee(rates)
+    gains = ", ".join(f"{k}: {rates[k] / rates[1]:.2f}x" for k in sorted(rates))
+    why = f"steps of {block} tokens at once, the rate over one (measured): {gains}"
+    return best, why
+
+
+def knee(rates: Mapping[int, float]) -> int:
+    """The most requests at once, of 1, 2, 4, ... (`rates`: measured steps per second by that number), that
+    each doubling up to it raised the rate by `MIN_BATCH_GAIN`."""
+    n = 1
+    while 2 * n in rates and rates[2 * n] >= MIN_BATCH_GAIN * rates[n]:
+        n *= 2
+    return n

@@ -23,6 +23,7 @@ import tinymodels
 
 from specdec.api import load_drafter
 from specdec.batch import Request, batch_of, generate_many
+from specdec.costs import MIN_BATCH_GAIN, knee
 from specdec.drafting.checkpoint import DFlashConfig
 from specdec.drafting.dflash import DFlashDrafter
 from specdec.drafting.dflash_model import DFlashDraftModel
@@ -225,3 +226,33 @@ def test_the_tree_of_a_batched_sequence_is_refused(verifier):
         return
     with pytest.raises(ValueError, match="verified in a batch verifies chains"):
         batch.sequence().check_tree()
+
+
+def test_knee_doubles_while_the_rate_rises_enough():
+    assert knee({1: 1.0}) == 1
+    assert knee({1: 1.0, 2: 1.5, 4: 1.7, 8: 2.5}) == 8
+    assert knee({1: 1.0, 2: 1.5, 4: 1.6, 8: 2.5}) == 2  # 8 would pay, but 2 was the knee
+    assert knee({1: 1.0, 2: 1.05, 4: 3.0}) == 1  # a doubling that gains under MIN_BATCH_GAIN stops it
+    assert knee({1: 1.0, 2: 1.0 * MIN_BATCH_GAIN}) == 2
+
+
+def test_max_batch_auto_is_measured_on_the_loaded_model(verifier, capsys):
+    """`--max-batch auto`: requests at once as measured on this model (verifies of a block together),
+    1 with the reason where a batch cannot be (here the stub, or a machine whose verify is not
+    batch-invariant)."""
+    from specdec.api import Loaded
+    from specdec.serve.cli import _batch_size
+
+    d = load_drafter("prompt-lookup", verifier=verifier)
+    m = Loaded(verifier, d, 4, verifier.dtype, "test", None)
+    n, batch = _batch_size(m, "auto", batchable=True)
+    line = capsys.readouterr().err
+    assert line.startswith(f"max batch {n}: "), line
+    if batch_or_refused(verifier) is None:
+        assert n == 1 and batch is None and "not batch-invariant" in line
+        return
+    assert n in (1, 2, 4, 8, 16) and "steps of 4 tokens at once" in line and "1: 1.00x" in line
+    assert (batch is None) == (n == 1)
+    stub = Loaded(StubVerifier(), None, 1, "float32", "test", None)
+    assert _batch_size(stub, "auto", batchable=False) == (1, None)
+    assert "max batch 1: a batch verifies chains on the HF and MLX verifiers" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from specdec.args import (
     add_sampling_args,
     add_verifier_args,
     at_least,
+    or_auto,
     run_spec,
     sampling_of,
 )
@@ -37,9 +38,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-reuse", action="store_true", help="prefill every prompt whole (no prefix reuse)")
     p.add_argument(
-        "--max-batch", type=at_least(1, 16), default=1,
+        "--max-batch", type=or_auto(at_least(1, 16)), default="auto",
         help="requests served at once, their verifies in one forward (HF and MLX verifiers, exact or "
-        "refused; docs/batching.md); default 1: one at a time",
+        "refused; docs/batching.md); auto (default): as many as raise the rate measured at start, 1 where "
+        "a batch cannot be exact",
     )  # fmt: skip
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
 
@@ -76,7 +78,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     sampling = sampling_of(args)
     spec = run_spec(args)
     batchable = spec.verifier in ("hf", "mlx") and spec.tree is None
-    if args.max_batch > 1 and not batchable:  # before anything loads
+    if args.max_batch != "auto" and args.max_batch > 1 and not batchable:  # before anything loads
         raise ValueError("--max-batch runs chains on the HF and MLX verifiers (docs/batching.md)")
     m = load(spec)
     verifier = m.verifier
@@ -110,7 +112,8 @@ def _engines(
 ) -> tuple[list[StreamingEngine], Any]:
     """The engines that serve: the loaded one, or with `--max-batch N` N on sequences of one batch
     (`specdec.batch.batch_of`), each with a drafter of its own (refused in one line where the batch cannot
-    be exact; the stub verifier and trees are refused before anything loads)."""
+    be exact; the stub verifier and trees are refused before anything loads). `auto`: as many as
+    `costs.choose_max_batch` measures worth it here, 1 where a batch cannot be (said on stderr)."""
     reuse = not args.no_reuse
     n, batch = _batch_size(m, args.max_batch, batchable=batchable)
     if n == 1:
@@ -127,8 +130,22 @@ def _engines(
     return engines, batch
 
 
-def _batch_size(m: Any, asked: int, *, batchable: bool) -> tuple[int, Any]:
-    """(requests at once, their batch or None) for `--max-batch`."""
+def _batch_size(m: Any, asked: int | str, *, batchable: bool) -> tuple[int, Any]:
+    """(requests at once, their batch or None) for `--max-batch`: as asked, or for `auto` measured here."""
     from specdec.batch import batch_of
 
-    return (asked, batch_of(m.verifier)) if asked > 1 else (1, None)
+    if asked != "auto":
+        return (asked, batch_of(m.verifier)) if asked > 1 else (1, None)
+    try:
+        if not batchable:
+            raise ValueError("a batch verifies chains on the HF and MLX verifiers")
+        batch = batch_of(m.verifier)
+    except ValueError as e:
+        print(f"max batch 1: {e}", file=sys.stderr)
+        return 1, None
+    from specdec.costs import choose_max_batch, measure_costs
+
+    draft_s = measure_costs(m.verifier, m.drafter, context=128, sizes=(1, 2), reps=3)[1] if m.drafter else 0.0
+    n, why = choose_max_batch(batch, block=m.block_size, draft_s=draft_s or 0.0)
+    print(f"max batch {n}: {why}", file=sys.stderr)
+    return n, batch if n > 1 else None
