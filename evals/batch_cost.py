@@ -119,7 +119,7 @@ def _apps(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     serial = build_app(engine(v), model_name="m", max_queue=16)
     engines = [engine(batch.sequence()) for _ in range(args.max_batch)]
-    return serial, build_app(engines, batch=batch, model_name="m", max_queue=16), batch
+    return serial, build_app(engines, model_name="m", max_queue=16), batch
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -61,11 +61,9 @@ def generate_many(batch: Any, requests: Sequence[Request]) -> list[PromptResult 
     out: list[PromptResult | BaseException] = [RuntimeError("not run")] * len(requests)
 
     def run(i: int, r: Request) -> None:
-        seq = batch.sequence()
-        try:
-            with batch.member(seq):
-                out[i] = generate(seq, r.prompt, drafter=r.drafter, cfg=r.cfg, prompt_id=r.prompt_id,
-                                  cancel=r.cancel)  # fmt: skip
+        try:  # a member of the batch while it decodes (`engine.decode`)
+            out[i] = generate(batch.sequence(), r.prompt, drafter=r.drafter, cfg=r.cfg, prompt_id=r.prompt_id,
+                              cancel=r.cancel)  # fmt: skip
         except Exception as e:  # reported in its slot: one request's error does not stop the others
             out[i] = e
 

@@ -12,6 +12,7 @@ all of its device work (`list[int]` from propose/verify; the bridge materialises
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -203,11 +204,14 @@ def decode(
     stops the loop before the next step (the caller records the cancellation).
 
     The run holds the verifier and the drafter from its first step to its end (`specdec.lease`): another
-    run on either waits for it. `owner`: who holds them (the streaming engine, which checks before it
-    reuses a cache that nobody else ran on them since); None: this call alone, and `keep` is trusted."""
+    run on either waits for it. On a sequence of a batch it is a member of the batch as long
+    (`BatchedCalls.member`): its calls share forwards with the other runs'. `owner`: who holds them (the
+    streaming engine, which checks before it reuses a cache that nobody else ran on them since); None: this
+    call alone, and `keep` is trusted."""
     check_request(verifier, prompt, drafter, cfg)
     drafter = cfg.drafting(drafter)
-    with hold(owner if owner is not None else Run(), verifier, drafter) as mine:
+    member = verifier.member() if isinstance(verifier, BatchedCalls) else contextlib.nullcontext()
+    with hold(owner if owner is not None else Run(), verifier, drafter) as mine, member:
         if keep and owner is not None and not mine:
             raise RuntimeError(
                 "another run used this model since: its cache no longer holds the prompt's start"

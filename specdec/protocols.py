@@ -24,6 +24,7 @@ training uses when a verifier has them).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -273,10 +274,16 @@ class SharedKV(Protocol):
 
 @runtime_checkable
 class BatchedCalls(Protocol):
-    """A verifier whose calls run in forwards shared with other sequences' (`verifiers.hf_batch`)."""
+    """A verifier whose calls run in forwards shared with other sequences' (a sequence of a batch:
+    `specdec.batch.batch_of`)."""
 
     #: how many sequences' calls the forward of its last call ran (1: alone)
     batch_size: int
+
+    def member(self) -> AbstractContextManager[None]:
+        """While a run decodes on it: the batch's other members' calls wait for its next one (and its for
+        theirs), so they share forwards. `engine.decode` holds it for the run."""
+        ...
 
 
 @runtime_checkable

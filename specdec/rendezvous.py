@@ -13,14 +13,25 @@ together give bit for bit the logits the verifier's own path gives the same call
 from __future__ import annotations
 
 import contextlib
+import statistics
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Call", "Rendezvous", "solo_mismatch", "together"]
+__all__ = ["PATIENCE", "Call", "Rendezvous", "solo_mismatch", "together"]
 
 Call = tuple[Any, list[Any]]  # (sequence, [tokens, last_only, result or None])
+
+
+#: a member is waited for until PATIENCE times its usual time between a call's return and its next call
+#: (the median of its last few) has passed since its last return, at least MIN_PATIENCE seconds, and
+#: FIRST_PATIENCE before it has made one: a run that stalls (a stream nobody iterates) holds the others
+#: up once, that long, not every step. Who waits for whom changes which calls share a forward, never what
+#: a call computes.
+PATIENCE, MIN_PATIENCE, FIRST_PATIENCE = 3.0, 0.005, 1.0
 
 
 class Rendezvous:
@@ -28,32 +39,57 @@ class Rendezvous:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._members: set[Any] = set()
+        self._members: dict[Any, int] = {}  # member -> how many times it joined (runs inside runs)
+        self._back: dict[Any, float] = {}  # member -> when its last call returned (or it joined)
+        self._think: dict[Any, deque[float]] = {}  # member -> its last times from a return to its next call
         self._waiting: dict[Any, list[Any]] = {}  # in arrival order: [tokens, last_only, result]
         self.sizes: list[int] = []  # the calls of each forward run, in order (what benchmarks read)
 
     @contextmanager
     def member(self, seq: Any) -> Iterator[None]:
-        """`seq` decodes now: the others' calls wait for its next one (until it leaves)."""
+        """`seq` decodes now: the others' calls wait for its next one (until it leaves, or is late by
+        `PATIENCE`). Reentrant: it leaves when the outermost block ends."""
         with self._cond:
-            self._members.add(seq)
+            self._members[seq] = self._members.get(seq, 0) + 1
+            if self._members[seq] == 1:
+                self._back[seq], self._think[seq] = time.perf_counter(), deque(maxlen=8)
         try:
             yield
         finally:
             with self._cond:
-                self._members.discard(seq)
-                self._run_ready()  # the others' calls may have waited for its
+                self._members[seq] -= 1
+                if not self._members[seq]:
+                    del self._members[seq], self._back[seq], self._think[seq]
+                    self._run_ready()  # the others' calls may have waited for its
 
     def call(self, seq: Any, tokens: list[int], last_only: bool) -> Any:
         """`seq`'s call, run with the other members' waiting ones: what `_forward` gave it."""
         with self._cond:
+            if seq in self._back:
+                self._think[seq].append(time.perf_counter() - self._back[seq])
             slot = self._waiting[seq] = [tokens, last_only, None]
             self._run_ready()
             while slot[2] is None:
-                self._cond.wait()
+                late_in = self._late_in()
+                if late_in is not None and late_in <= 0:
+                    self._run_ready(force=True)  # every absent member is late: run without them
+                else:
+                    self._cond.wait(late_in)
         if isinstance(slot[2], Exception):
             raise slot[2]
         return slot[2]
+
+    def _late_in(self) -> float | None:
+        """With the lock held: seconds until every member without a call waiting is late (None: none is
+        absent)."""
+        absent = [m for m in self._members if m not in self._waiting]
+        if not absent:
+            return None
+        return max(self._back[m] + self._patience(m) for m in absent) - time.perf_counter()
+
+    def _patience(self, seq: Any) -> float:
+        think = self._think[seq]
+        return max(MIN_PATIENCE, PATIENCE * statistics.median(think)) if think else FIRST_PATIENCE
 
     def fits(self, lengths: list[int]) -> bool:
         """Whether calls of these token counts may share one forward."""
@@ -63,10 +99,13 @@ class Rendezvous:
         """One forward of the group's calls: each call's result, in order."""
         raise NotImplementedError
 
-    def _run_ready(self) -> None:
-        """With the lock held: when every member (or a non-member) has a call waiting, run them all."""
+    def _run_ready(self, *, force: bool = False) -> None:
+        """With the lock held: when every member (or a non-member) has a call waiting, or `force`, run
+        the waiting calls."""
         ready = self._waiting and (
-            set(self._waiting) >= self._members or any(s not in self._members for s in self._waiting)
+            force
+            or self._waiting.keys() >= self._members.keys()
+            or any(s not in self._members for s in self._waiting)
         )
         if not ready:
             return
@@ -81,6 +120,10 @@ class Rendezvous:
             for _, slot in calls:
                 slot[2] = e if slot[2] is None else slot[2]
         finally:
+            now = time.perf_counter()
+            for seq, _ in calls:
+                if seq in self._back:
+                    self._back[seq] = now
             self._cond.notify_all()
 
     def _groups(self, calls: list[Call]) -> Iterator[list[Call]]:

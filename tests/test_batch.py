@@ -256,3 +256,67 @@ def test_max_batch_auto_is_measured_on_the_loaded_model(verifier, capsys):
     stub = Loaded(StubVerifier(), None, 1, "float32", "test", None)
     assert _batch_size(stub, "auto", batchable=False) == (1, None)
     assert "max batch 1: a batch verifies chains on the HF and MLX verifiers" in capsys.readouterr().err
+
+
+def test_streams_on_sequences_of_a_batch_advance_together(verifier):
+    """The streaming API: `StreamingEngine`s on sequences of one batch, each stream iterated on a thread
+    of its own, share forwards (`engine.decode` makes each run a member) and each gives its solo tokens;
+    a second turn on one of them reuses its cache."""
+    from specdec.stream import StreamingEngine
+
+    batch = batch_or_refused(verifier)
+    if batch is None:
+        return
+    reqs = requests(verifier)[:4]
+    want = [solo(verifier, r) for r in requests(verifier)[:4]]
+    engines = [StreamingEngine(batch.sequence(), r.drafter, block_size=r.cfg.block_size) for r in reqs]
+    got = together_threads(
+        lambda i: engines[i].complete(
+            list(reqs[i].prompt), max_tokens=reqs[i].cfg.max_new_tokens, sampling=reqs[i].cfg.sampling,
+            stop_token_ids=reqs[i].cfg.stop_token_ids,
+        ).output_tokens,
+        len(reqs),
+    )  # fmt: skip
+    assert got == want
+    assert max(batch.sizes) > 1
+    turn2 = list(reqs[3].prompt) + got[3] + [5, 6, 7]  # greedy, DFlash + lookup: the verifier's greedy text
+    r2 = engines[3].complete(turn2, max_tokens=8)
+    assert r2.reused_tokens > len(reqs[3].prompt)
+    assert r2.output_tokens == generate(verifier, turn2, cfg=DecodeConfig(max_new_tokens=8)).output_tokens
+
+
+def test_a_stalled_member_holds_the_others_up_once(verifier, monkeypatch):
+    """A stream nobody iterates stays a member of the batch: the others wait for it `FIRST_PATIENCE`
+    (here shortened), then run without it, and it runs on when iterated again; every output its solo."""
+    import specdec.rendezvous as rv
+    from specdec.stream import StreamingEngine
+
+    batch = batch_or_refused(verifier)
+    if batch is None:
+        return
+    monkeypatch.setattr(rv, "FIRST_PATIENCE", 0.05)
+    reqs = requests(verifier)[:2]
+    want = [solo(verifier, r) for r in requests(verifier)[:2]]
+    a, b = (StreamingEngine(batch.sequence(), r.drafter, block_size=r.cfg.block_size) for r in reqs)
+    kw = [dict(max_tokens=r.cfg.max_new_tokens, sampling=r.cfg.sampling, stop_token_ids=r.cfg.stop_token_ids)
+          for r in reqs]  # fmt: skip
+    stalled = a.stream(list(reqs[0].prompt), **kw[0])
+    first = next(iter(stalled))  # a member now, and left waiting at its first event
+    other = threading.Thread(target=lambda: kw[1].update(out=b.complete(list(reqs[1].prompt), **kw[1])))
+    other.start()
+    other.join(timeout=60)
+    assert not other.is_alive(), "the other stream waited for the stalled one"
+    rest = [t for ev in stalled for t in ev.tokens]
+    assert first.tokens + rest == want[0]
+    assert kw[1]["out"].output_tokens == want[1]
+
+
+def together_threads(fn, n: int) -> list:
+    """fn(i) for i < n, each on a thread of its own, all at once: the results in order."""
+    out: list = [None] * n
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, fn(i))) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out

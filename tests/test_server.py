@@ -325,7 +325,7 @@ def test_max_batch_eight_streaming_clients_each_get_their_solo_text(tmp_path, ru
         for p, t in zip(prompts, temps, strict=True)
     ]
     got: dict[int, str] = {}
-    serving = _serve(engines, batch=batch, model_name="tiny", max_queue=8)
+    serving = _serve(engines, model_name="tiny", max_queue=8)
     served = next(serving)
 
     def ask(i: int) -> None:

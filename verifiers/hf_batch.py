@@ -21,6 +21,7 @@ requests run one at a time.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -46,6 +47,9 @@ class HFSequence(HFVerifier):
 
     def set_target_layers(self, layer_ids: Sequence[int]) -> None:
         self._layer_ids = check_layer_ids(layer_ids, self.num_layers, self.model_name)  # the batch hooks them
+
+    def member(self) -> AbstractContextManager[None]:
+        return self.batch.member(self)
 
     def check_tree(self) -> None:
         raise ValueError(f"{self.model_name}: a sequence verified in a batch verifies chains; use a chain")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import mlx.core as mx
@@ -49,6 +50,9 @@ class MLXSequence(MLXVerifier):
     def reset(self) -> None:
         super().reset()
         self.run_ahead = False  # a queued step would run outside the batch
+
+    def member(self) -> AbstractContextManager[None]:
+        return self.batch.member(self)
 
     def check_tree(self) -> None:
         raise ValueError(f"{self.model_name}: a sequence verified in a batch verifies chains; use a chain")

@@ -32,7 +32,6 @@ __all__ = ["build_app"]
 def build_app(
     engine: StreamingEngine | Sequence[StreamingEngine],
     *,
-    batch: Any = None,
     model_name: str | None = None,
     max_queue: int = 16,
     default_max_tokens: int = 512,
@@ -40,13 +39,12 @@ def build_app(
     on_death: Callable[[BaseException], None] | None = None,
 ) -> Any:
     """The Starlette app; `app.state.worker` is the Worker (its threads start here; `on_death` as there).
-    Several engines (on sequences of one batch, `batch`: `specdec.batch.batch_of`) serve as many requests
-    at once."""
+    Several engines (on sequences of one batch: `specdec.batch.batch_of`) serve as many requests at once,
+    their verifies together."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    worker = Worker(engine, batch=batch, max_queue=max_queue, default_max_tokens=default_max_tokens,
-                    on_death=on_death)  # fmt: skip
+    worker = Worker(engine, max_queue=max_queue, default_max_tokens=default_max_tokens, on_death=on_death)
     r = _Routes(worker, model_name or worker.engine.verifier.model_name, sampling or SamplingParams())
 
     @contextlib.asynccontextmanager

@@ -82,7 +82,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
         raise ValueError("--max-batch runs chains on the HF and MLX verifiers (docs/batching.md)")
     m = load(spec)
     verifier = m.verifier
-    engines, batch = _engines(spec, m, args, batchable=batchable)
+    engines = _engines(spec, m, args, batchable=batchable)
     server: Any = None
     died: list[BaseException] = []
 
@@ -92,7 +92,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = build_app(
-        engines, batch=batch, model_name=args.served_model_name, max_queue=args.max_queue,
+        engines, model_name=args.served_model_name, max_queue=args.max_queue,
         default_max_tokens=args.default_max_tokens, sampling=sampling, on_death=on_death,
     )  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -107,9 +107,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     return 0
 
 
-def _engines(
-    spec: Any, m: Any, args: argparse.Namespace, *, batchable: bool
-) -> tuple[list[StreamingEngine], Any]:
+def _engines(spec: Any, m: Any, args: argparse.Namespace, *, batchable: bool) -> list[StreamingEngine]:
     """The engines that serve: the loaded one, or with `--max-batch N` N on sequences of one batch
     (`specdec.batch.batch_of`), each with a drafter of its own (refused in one line where the batch cannot
     be exact; the stub verifier and trees are refused before anything loads). `auto`: as many as
@@ -117,7 +115,7 @@ def _engines(
     reuse = not args.no_reuse
     n, batch = _batch_size(m, args.max_batch, batchable=batchable)
     if n == 1:
-        return [StreamingEngine.from_loaded(m, max_context=args.max_context, reuse=reuse)], None
+        return [StreamingEngine.from_loaded(m, max_context=args.max_context, reuse=reuse)]
     from specdec.api import drafter_for
 
     engines = []
@@ -127,7 +125,7 @@ def _engines(
         engines.append(
             StreamingEngine(seq, d, block_size=m.block_size, max_context=args.max_context, reuse=reuse)
         )
-    return engines, batch
+    return engines
 
 
 def _batch_size(m: Any, asked: int | str, *, batchable: bool) -> tuple[int, Any]:

@@ -6,7 +6,6 @@ while it runs, so their verifies share forwards."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -35,8 +34,8 @@ class Job:
 
 
 class Worker:
-    """One thread per engine; at most `max_queue` requests wait for a free one (0: none wait). With a
-    `batch` (several engines on sequences of one batch), a request is a member of it while it runs.
+    """One thread per engine; at most `max_queue` requests wait for a free one (0: none wait). Engines on
+    sequences of one batch run their requests' verifies together (`engine.decode`).
     Every exception of a request becomes that request's error; should a thread itself ever end for another
     reason, `error` says why, /health answers 503 and `on_death` runs (the CLI server exits 1)."""
 
@@ -44,7 +43,6 @@ class Worker:
         self,
         engines: StreamingEngine | Sequence[StreamingEngine],
         *,
-        batch: Any = None,
         max_queue: int = 16,
         default_max_tokens: int = 512,
         on_death: Callable[[BaseException], None] | None = None,
@@ -54,7 +52,7 @@ class Worker:
         if default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
         self.engines = [engines] if isinstance(engines, StreamingEngine) else list(engines)
-        self.engine, self.batch, self.default_max_tokens = self.engines[0], batch, default_max_tokens
+        self.engine, self.default_max_tokens = self.engines[0], default_max_tokens
         self.jobs: queue.Queue[Job | None] = queue.Queue()  # bounded by `submit`
         self.max_queue = max_queue
         self.metrics = Metrics()
@@ -115,10 +113,8 @@ class Worker:
                     continue
                 with self._lock:
                     self.running.add(job)
-                member = self.batch.member(engine.verifier) if self.batch else contextlib.nullcontext()
-                try:
-                    with member:
-                        self._serve(job, engine)
+                try:  # on a sequence of a batch, a member of it while it decodes (`engine.decode`)
+                    self._serve(job, engine)
                 except Exception as e:  # a bug of ours: that request's 500, the next one is served
                     self.metrics.add("requests_failed")
                     job.emit(
