@@ -36,7 +36,7 @@ from specdec.verifiers.stub import StubVerifier
 MAKERS = {"llama": tinymodels.tiny_llama, "qwen3": tinymodels.tiny_qwen3, "gemma3": tinymodels.tiny_gemma3}
 DRAFT_MODELS: dict[int, Path] = {}  # id(verifier) -> a draft model of its family (another seed)
 CASES = [
-    ("hf", "llama", "bfloat16"), ("hf", "qwen3", "bfloat16"),
+    ("hf", "llama", "bfloat16"), ("hf", "qwen3", "bfloat16"), ("hf", "gemma3", "bfloat16"),
     pytest.param(("mlx", "llama", "float32"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "qwen3", "bfloat16"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "gemma3", "float32"), marks=pytest.mark.mlx),
@@ -369,3 +369,19 @@ def test_smollm2_in_bf16_batched_equals_solo_and_transformers():
         if r.cfg.sampling is None:  # bf16 roundings of two implementations part only at near-ties
             own = parity.runtime_generate(runtime.eval(), list(r.prompt), len(w))
             parity.assert_same_text_up_to_ties(w, own, runtime, list(r.prompt), tie=0.5)
+
+
+def test_a_packed_mask_that_forgets_the_window_is_refused(tmp_path, monkeypatch):
+    """Gemma 3's sliding layers in a packed forward: the measurement's first prompt passes the window, so
+    a mask that lets rows see past it is refused (the negative control of the window's mask)."""
+    import specdec.verifiers.hf_parts as parts
+
+    v = HFVerifier(tinymodels.tiny_gemma3(tmp_path / "g3"), dtype=torch.bfloat16)
+    if batch_or_refused(v) is None:
+        return
+    real = parts._packed_mask
+    monkeypatch.setattr(
+        parts, "_packed_mask", lambda shapes, t, s, window, dev: real(shapes, t, s, None, dev)
+    )
+    with pytest.raises(ValueError, match="rows together do not give the logits of the same calls alone"):
+        batch_of(v)

@@ -13,9 +13,9 @@ Exact, or refused: each sequence gets bit for bit the logits its call alone gets
 not depend on the rows beside them: `HFVerifier.batch_invariant` (the linears up to `MAX_VERIFY_TOKENS`
 rows and the invariant attention, measured on the loaded model at load) and, measured here once more on
 the model, packed calls against the same calls alone (`rendezvous.solo_mismatch`). A model or machine
-where that does not hold, and models with layers the packed attention does not cover yet (sliding
-windows, KV-shared or linear-attention layers, attention sinks), get a one-line ValueError: their
-requests run one at a time.
+where that does not hold, and models with layers the packed attention does not cover yet (KV-shared or
+linear-attention layers, attention sinks), get a one-line ValueError: their requests run one at a time.
+Sliding-window layers are packed: each sequence's rows see the window its cache layer hands back.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class HFBatch(Rendezvous):
             pos.append(torch.arange(seq._pos, seq._pos + T))
             keep += [s + T - 1] if last_only else range(s, s + T)
             s += T
-        pack = Packed([seq._cache for seq, _ in group], spans)
+        pack = Packed([seq._cache for seq, _ in group], spans, [seq._pos + len(t) for seq, (t, *_) in group])
         if len(group) == 1:  # as `HFVerifier.forward`
             cache, position_ids, keep_ = group[0][0]._cache, None, 1 if group[0][1][1] else 0
         else:
@@ -148,9 +148,8 @@ def _unsupported(v: HFVerifier) -> str | None:
     if v._linear or v._kv_shared:
         return "its linear-attention / KV-shared layers are not packed yet"
     types = getattr(cfg, "layer_types", None) or ()
-    windowed = getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True)
-    if windowed or any(t != "full_attention" for t in types):
-        return "its sliding-window layers are not packed yet"
+    if any(t not in ("full_attention", "sliding_attention") for t in types):
+        return f"its {sorted(set(types) - {'full_attention', 'sliding_attention'})} layers are not packed yet"
     if any(hasattr(m, "sinks") for m in v.model.modules()):
         return "its attention sinks are not packed yet"
     return None

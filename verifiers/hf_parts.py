@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import TreeAttention, invariant_attention
+from specdec.kernels import KEY_ALIGN, TreeAttention, invariant_attention
 
 __all__ = [
     "PACK", "TREE", "Packed", "attend_invariant", "attend_packed", "growing_layer", "packed_layer",
@@ -227,43 +227,64 @@ def _wide_sliding_class() -> type:
 
 @dataclass
 class Packed:
-    """One packed forward: each sequence's cache and its rows' span [start, end) in the packed rows; the
-    keys / values each layer's update left in each sequence's cache (read by `attend_packed`)."""
+    """One packed forward: each sequence's cache, its rows' span [start, end) in the packed rows and the
+    position after its last row; the keys / values each layer's update left in each sequence's cache
+    (read by `attend_packed`)."""
 
     caches: list[Any]
     spans: list[tuple[int, int]]
+    ends: list[int]
     kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
-    masks: dict[tuple[tuple[int, int], ...], torch.Tensor] = field(default_factory=dict)  # by (T, S)s
+    masks: dict[Any, torch.Tensor] = field(default_factory=dict)  # by the calls' shapes and the window
 
 
 def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **kw: Any) -> torch.Tensor:
-    """The attention of a packed forward: each sequence's rows over its own cache, as `attend_invariant`
-    computes a call of that sequence alone (causal, the keys aligned from absolute position 0), in one
-    batched call: the sequences' rows and keys padded to the longest (rows of zeros, keys masked), which
+    """The attention of a packed forward: each sequence's rows over the keys its cache layer handed back
+    (all of them, or a sliding layer's window), as `attend_invariant` computes a call of that sequence
+    alone, in one batched call: the sequences' rows padded to the longest (rows of zeros), their keys
+    placed as alone on the KEY_ALIGN blocks counted from position 0 (masked keys before them) and padded
+    to the longest, each row seeing its own keys causally and within the layer's window; which
     `invariant_attention` computes each real row of bit for bit as alone (measured: `hf_batch`).
-    query [1, heads, sum T, D] -> [1, sum T, heads, D]."""
+    query [1, heads, sum T] -> [1, sum T, heads, D]."""
     kv = pack.kv[module.layer_idx]
-    lens = [(e - s, k.shape[2]) for (s, e), (k, _) in zip(pack.spans, kv, strict=True)]
-    Tm, Sm = max(t for t, _ in lens), max(n for _, n in lens)
+    window = kw.get("sliding_window") or getattr(module, "sliding_window", None)
+    # per sequence: rows T, keys S, the keys' first position, the masked keys that align it
+    shapes = [
+        (e - s, k.shape[2], end - k.shape[2], (end - k.shape[2]) % KEY_ALIGN)
+        for (s, e), (k, _), end in zip(pack.spans, kv, pack.ends, strict=True)
+    ]
+    Tm, Sm = max(t for t, *_ in shapes), max(o + n for _, n, _, o in shapes)
     q = torch.stack(
         [F.pad(query[0, :, s:e], (0, 0, 0, Tm - (e - s))) for s, e in pack.spans]
     )  # [B, H, Tm, D]
-    k = torch.stack([F.pad(k_[0], (0, 0, 0, Sm - k_.shape[2])) for k_, _ in kv])  # [B, Hkv, Sm, D]
-    v = torch.stack([F.pad(v_[0], (0, 0, 0, Sm - v_.shape[2])) for _, v_ in kv])
-    mask = pack.masks.get(key := tuple(lens))
-    if mask is None:  # the same for every layer whose caches are as long: made once per forward
-        mask = pack.masks[key] = _packed_mask(lens, Tm, Sm, q.device)
+    k = torch.stack([F.pad(k_[0], (0, 0, o, Sm - o - n)) for (k_, _), (_, n, _, o) in zip(kv, shapes)])
+    v = torch.stack([F.pad(v_[0], (0, 0, o, Sm - o - n)) for (_, v_), (_, n, _, o) in zip(kv, shapes)])
+    mask = pack.masks.get(key := (tuple(shapes), window))
+    if mask is None:  # the same for every layer of this kind whose caches are as long: once per forward
+        mask = pack.masks[key] = _packed_mask(shapes, Tm, Sm, window, q.device)
     scale = kw.get("scaling") or query.shape[-1] ** -0.5
     out = invariant_attention(q, k, v, mask, scale=scale, softcap=kw.get("softcap"))  # [B, H, Tm, D]
-    return torch.cat([out[b, :, :T] for b, (T, _) in enumerate(lens)], 1).transpose(0, 1)[None].contiguous()
+    return (
+        torch.cat([out[b, :, :T] for b, (T, *_) in enumerate(shapes)], 1).transpose(0, 1)[None].contiguous()
+    )
 
 
-def _packed_mask(lens: list[tuple[int, int]], Tm: int, Sm: int, device: torch.device) -> torch.Tensor:
-    """[B, 1, Tm, Sm]: row j of a call of T rows over S keys sees keys 0..S-T+j; a padding row key 0 (no
-    empty softmax)."""
+def _packed_mask(
+    shapes: list[tuple[int, int, int, int]], Tm: int, Sm: int, window: int | None, device: torch.device
+) -> torch.Tensor:
+    """[B, 1, Tm, Sm]: row j of a call of T rows over S keys from position `start` (placed after `o`
+    masked keys) sees its keys up to its own position, and within `window` of it; a padding row its first
+    key (no empty softmax)."""
     rows = torch.arange(Tm, device=device)[:, None]  # [Tm, 1]
-    keys = torch.arange(Sm, device=device)[None]  # [1, Sm]
-    return torch.stack([(keys <= S - T + rows) & ((rows < T) | (keys == 0)) for T, S in lens])[:, None]
+    idx = torch.arange(Sm, device=device)[None]  # [1, Sm]
+    masks = []
+    for T, S, start, o in shapes:
+        at, q = start - o + idx, start + S - T + rows  # the keys' and the rows' positions
+        seen = (idx >= o) & (idx < o + S) & (at <= q)
+        if window is not None:
+            seen &= at > q - window
+        masks.append(torch.where(rows < T, seen, idx == o))
+    return torch.stack(masks)[:, None]
 
 
 def packed_layer(pack: Packed, layer: int) -> Any:
