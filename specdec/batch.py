@@ -39,8 +39,8 @@ class Request:
 
 
 def batch_of(verifier: Any) -> Any:
-    """A batch over the loaded `verifier` (HF or MLX): it measures, on the model here, that calls run
-    together give what they give alone, or refuses in one line (ValueError) why they cannot."""
+    """A batch over the loaded `verifier` (HF, MLX or the stub): it measures, on the model here, that calls
+    run together give what they give alone, or refuses in one line (ValueError) why they cannot."""
     if verifier.runtime == "hf":
         from specdec.verifiers.hf_batch import HFBatch
 
@@ -49,6 +49,10 @@ def batch_of(verifier: Any) -> Any:
         from specdec.verifiers.mlx_batch import MLXBatch
 
         return MLXBatch(verifier)
+    if verifier.runtime == "stub":
+        from specdec.verifiers.stub_batch import StubBatch
+
+        return StubBatch(verifier)
     raise ValueError(f"the {verifier.runtime} verifier cannot verify several sequences in one forward")
 
 

@@ -18,10 +18,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-__all__ = ["PATIENCE", "Call", "Rendezvous", "solo_mismatch", "together"]
+from specdec.kernels import MAX_VERIFY_TOKENS
+
+__all__ = ["PATIENCE", "Call", "Member", "Rendezvous", "solo_mismatch", "together"]
 
 Call = tuple[Any, list[Any]]  # (sequence, [tokens, last_only, result or None])
 
@@ -35,9 +37,11 @@ PATIENCE, MIN_PATIENCE, FIRST_PATIENCE = 3.0, 0.005, 1.0
 
 
 class Rendezvous:
-    """Members' calls run together (module docstring); a runtime supplies `_forward` and `fits`."""
+    """Members' calls run together (module docstring) on the loaded verifier `base`; a runtime supplies
+    `sequence` and `_forward` (and `fits` where its rows are not packed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: Any) -> None:
+        self.base = base
         self._cond = threading.Condition()
         self._members: dict[Any, int] = {}  # member -> how many times it joined (runs inside runs)
         self._back: dict[Any, float] = {}  # member -> when its last call returned (or it joined)
@@ -91,9 +95,15 @@ class Rendezvous:
         think = self._think[seq]
         return max(MIN_PATIENCE, PATIENCE * statistics.median(think)) if think else FIRST_PATIENCE
 
+    def refuse(self, why: str | None) -> None:
+        """Raise the one-line ValueError of a batch that cannot be exact, where there is a `why`."""
+        if why:
+            raise ValueError(f"{self.base.model_name} cannot verify several sequences in one forward: {why}")
+
     def fits(self, lengths: list[int]) -> bool:
-        """Whether calls of these token counts may share one forward."""
-        raise NotImplementedError
+        """Whether calls of these token counts may share one forward: packed rows, at most the rows the
+        verifier's linears were measured row-invariant up to (`batch_invariant`)."""
+        return sum(lengths) <= MAX_VERIFY_TOKENS
 
     def _forward(self, group: list[Call]) -> list[Any]:
         """One forward of the group's calls: each call's result, in order."""
@@ -137,6 +147,26 @@ class Rendezvous:
             group.append(call)
         if group:
             yield group
+
+
+class Member:
+    """What a sequence of a batch is beyond its runtime's verifier (put first among its bases): the loaded
+    verifier's state (`join`), its membership (`BatchedCalls.member`), chains only."""
+
+    batch: Rendezvous
+    batch_size: int  # `BatchedCalls`: the calls the forward of its last call ran
+    model_name: str
+
+    def join(self, batch: Rendezvous) -> None:
+        """Take the loaded verifier's state (not its loading), as a sequence of `batch`."""
+        self.__dict__.update(batch.base.__dict__)
+        self.batch, self.batch_size = batch, 1
+
+    def member(self) -> AbstractContextManager[None]:
+        return self.batch.member(self)
+
+    def check_tree(self) -> None:
+        raise ValueError(f"{self.model_name}: a sequence verified in a batch verifies chains; use a chain")
 
 
 def together(batch: Any, seqs: list[Any], fn: Any) -> list[Any]:

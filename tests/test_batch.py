@@ -36,6 +36,7 @@ from specdec.verifiers.stub import StubVerifier
 MAKERS = {"llama": tinymodels.tiny_llama, "qwen3": tinymodels.tiny_qwen3, "gemma3": tinymodels.tiny_gemma3}
 DRAFT_MODELS: dict[int, Path] = {}  # id(verifier) -> a draft model of its family (another seed)
 CASES = [
+    ("stub", "stub", "bfloat16"),
     ("hf", "llama", "bfloat16"), ("hf", "qwen3", "bfloat16"), ("hf", "gemma3", "bfloat16"),
     pytest.param(("mlx", "llama", "float32"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "qwen3", "bfloat16"), marks=pytest.mark.mlx),
@@ -46,6 +47,8 @@ CASES = [
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
 def verifier(request, tmp_path_factory) -> Any:
     runtime, family, dtype = request.param
+    if runtime == "stub":
+        return StubVerifier(dtype=getattr(torch, dtype))
     folder = MAKERS[family](tmp_path_factory.mktemp(family))
     if runtime == "hf":
         v = HFVerifier(folder, dtype=getattr(torch, dtype))
@@ -102,7 +105,7 @@ def requests(v: Any) -> list[Request]:
     for i, (p, (kind, block, sp, stops)) in enumerate(zip(prompts, kinds, strict=True)):
         if kind is None:
             d = None
-        elif kind == "prompt-lookup":
+        elif kind == "prompt-lookup" or (kind == "model" and v.runtime == "stub"):  # no stub draft model
             d = load_drafter("prompt-lookup", verifier=v)
         elif kind == "model":  # a small causal LM drafting token by token, on the verifier's runtime
             rt = "mlx" if v.runtime == "mlx" else "torch"
@@ -176,7 +179,7 @@ def test_models_a_batch_cannot_pack_are_one_line(tmp_path):
     fp32 = HFVerifier(tinymodels.tiny_llama(tmp_path / "llama"))
     with pytest.raises(ValueError, match="float32 verify is not batch-invariant here"):
         HFBatch(fp32)
-    with pytest.raises(ValueError, match="the stub verifier cannot verify several sequences"):
+    with pytest.raises(ValueError, match="its float32 verify is not batch-invariant here"):
         batch_of(StubVerifier())
     with pytest.raises(ValueError, match="share one drafter object"):
         d = load_drafter("prompt-lookup", verifier=fp32)
@@ -211,11 +214,15 @@ def test_a_packed_attention_that_parts_from_solo_is_refused(verifier, monkeypatc
 
         real = parts.attend_packed
         monkeypatch.setattr(parts, "attend_packed", lambda *a, **kw: real(*a, **kw) * 1.05)
-    else:
+    elif verifier.runtime == "mlx":
         from specdec.verifiers.mlx_batch import PackedKV
 
         real = PackedKV.attend
         monkeypatch.setattr(PackedKV, "attend", lambda *a, **kw: real(*a, **kw) * 1.05)
+    else:  # the stub: a sequence's attention off (the verifier's own, the reference, stays)
+        from specdec.verifiers.stub_batch import StubSequence
+
+        monkeypatch.setattr(StubSequence, "attend", lambda *a, **kw: StubVerifier.attend(*a, **kw) * 1.05)
     with pytest.raises(ValueError, match="rows together do not give the logits of the same calls alone"):
         batch_of(verifier)
 
@@ -255,7 +262,7 @@ def test_max_batch_auto_is_measured_on_the_loaded_model(verifier, capsys):
     assert (batch is None) == (n == 1)
     stub = Loaded(StubVerifier(), None, 1, "float32", "test", None)
     assert _batch_size(stub, "auto", batchable=False) == (1, None)
-    assert "max batch 1: a batch verifies chains on the HF and MLX verifiers" in capsys.readouterr().err
+    assert "max batch 1: a batch verifies chains (--tree asked for trees)" in capsys.readouterr().err
 
 
 def test_streams_on_sequences_of_a_batch_advance_together(verifier):

@@ -343,5 +343,8 @@ def test_max_batch_eight_streaming_clients_each_get_their_solo_text(tmp_path, ru
 def test_max_batch_is_refused_where_it_cannot_run(capsys):
     from specdec.cli import main
 
-    assert main(["serve", "--verifier", "stub", "--max-batch", "2", "--port", "0"]) == 2
-    assert "--max-batch runs chains on the HF and MLX verifiers" in capsys.readouterr().err
+    tree = ["serve", "--verifier", "stub", "--drafter", "prompt-lookup", "--tree", "4", "--port", "0"]
+    assert main([*tree, "--max-batch", "2"]) == 2
+    assert "--max-batch verifies chains: drop --tree" in capsys.readouterr().err
+    assert main(["serve", "--verifier", "stub", "--dtype", "float32", "--max-batch", "2", "--port", "0"]) == 2
+    assert "its float32 verify is not batch-invariant here" in capsys.readouterr().err

@@ -21,38 +21,28 @@ Sliding-window layers are packed: each sequence's rows see the window its cache 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
-from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.protocols import check_layer_ids
-from specdec.rendezvous import Rendezvous, solo_mismatch
+from specdec.rendezvous import Member, Rendezvous, solo_mismatch
 from specdec.verifiers.hf import HFVerifier
 from specdec.verifiers.hf_parts import PACK, Packed, packed_layer
 
 __all__ = ["HFBatch", "HFSequence"]
 
 
-class HFSequence(HFVerifier):
+class HFSequence(Member, HFVerifier):
     """One sequence of an `HFBatch`: an `HFVerifier` with its own cache whose calls go through the batch."""
 
-    def __init__(self, batch: HFBatch) -> None:  # the loaded verifier's state, not its loading
-        self.__dict__.update(batch.base.__dict__)
-        self.batch = batch
-        self.batch_size = 1  # `BatchedCalls`: the calls the forward of its last call ran
+    def __init__(self, batch: HFBatch) -> None:
+        self.join(batch)
         self._hooks, self._captured, self._layer_ids = [], {}, ()
         self.reset()
 
     def set_target_layers(self, layer_ids: Sequence[int]) -> None:
         self._layer_ids = check_layer_ids(layer_ids, self.num_layers, self.model_name)  # the batch hooks them
-
-    def member(self) -> AbstractContextManager[None]:
-        return self.batch.member(self)
-
-    def check_tree(self) -> None:
-        raise ValueError(f"{self.model_name}: a sequence verified in a batch verifies chains; use a chain")
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False, tree: Any = None) -> torch.Tensor:
         if tree is not None:
@@ -65,20 +55,12 @@ class HFBatch(Rendezvous):
     """Sequences on one loaded `HFVerifier` whose calls are verified together (module docstring)."""
 
     def __init__(self, verifier: HFVerifier) -> None:
-        why = _unsupported(verifier)
-        if why:
-            raise ValueError(f"{verifier.model_name} cannot verify several sequences in one forward: {why}")
-        super().__init__()
-        self.base = verifier
-        why = solo_mismatch(self)
-        if why:
-            raise ValueError(f"{verifier.model_name} cannot verify several sequences in one forward: {why}")
+        super().__init__(verifier)
+        self.refuse(_unsupported(verifier))
+        self.refuse(solo_mismatch(self))
 
     def sequence(self) -> HFSequence:
         return HFSequence(self)
-
-    def fits(self, lengths: list[int]) -> bool:
-        return sum(lengths) <= MAX_VERIFY_TOKENS  # the rows the linears were measured invariant up to
 
     @torch.inference_mode()
     def _forward(self, group: list[tuple[HFSequence, list[Any]]]) -> list[torch.Tensor]:

@@ -24,38 +24,29 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
 import mlx.core as mx
 
 from specdec.kernels import MAX_VERIFY_TOKENS, TreeAttention
-from specdec.rendezvous import Call, Rendezvous, solo_mismatch
+from specdec.rendezvous import Call, Member, Rendezvous, solo_mismatch
 from specdec.verifiers.mlx import MLXVerifier
 from specdec.verifiers.mlx_cache import Tap
 
 __all__ = ["MLXBatch", "MLXSequence"]
 
 
-class MLXSequence(MLXVerifier):
+class MLXSequence(Member, MLXVerifier):
     """One sequence of an `MLXBatch`: an `MLXVerifier` with its own caches whose calls go through it."""
 
-    def __init__(self, batch: MLXBatch) -> None:  # the loaded verifier's state, not its loading
-        self.__dict__.update(batch.base.__dict__)
-        self.batch = batch
-        self.batch_size = 1  # `BatchedCalls`: the calls the forward of its last call ran
+    def __init__(self, batch: MLXBatch) -> None:
+        self.join(batch)
         self._layer_ids = ()
         self.reset()
 
     def reset(self) -> None:
         super().reset()
         self.run_ahead = False  # a queued step would run outside the batch
-
-    def member(self) -> AbstractContextManager[None]:
-        return self.batch.member(self)
-
-    def check_tree(self) -> None:
-        raise ValueError(f"{self.model_name}: a sequence verified in a batch verifies chains; use a chain")
 
     def _forward(
         self, tokens: Sequence[int] | mx.array, *, last_only: bool, tree: TreeAttention | None = None
@@ -76,15 +67,10 @@ class MLXBatch(Rendezvous):
     """Sequences on one loaded `MLXVerifier` whose calls are verified together (module docstring)."""
 
     def __init__(self, verifier: MLXVerifier) -> None:
-        why = _unsupported(verifier)
-        if why:
-            raise ValueError(f"{verifier.model_name} cannot verify several sequences in one forward: {why}")
-        super().__init__()
-        self.base = verifier
+        super().__init__(verifier)
+        self.refuse(_unsupported(verifier))
         _stand_in_attention(verifier.model)
-        why = solo_mismatch(self)
-        if why:
-            raise ValueError(f"{verifier.model_name} cannot verify several sequences in one forward: {why}")
+        self.refuse(solo_mismatch(self))
 
     def sequence(self) -> MLXSequence:
         return MLXSequence(self)

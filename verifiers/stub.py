@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -163,43 +164,61 @@ class StubVerifier:
     ) -> torch.Tensor:
         """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). With `tree`, `tokens`
         are a tree's nodes: positions by depth, each seeing the cache and its ancestors."""
-        cfg, T, p0 = self.cfg, len(tokens), self._pos
-        if p0 + T > cfg.max_context:
-            raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {cfg.max_context}")
-        nh, hd = cfg.num_heads, cfg.hidden_size // cfg.num_heads
-        ids = torch.tensor(tokens, dtype=torch.long)
-        x = F.embedding(ids, self.model.embed)  # [T, H]
+        T, p0 = len(tokens), self._pos
+        if p0 + T > self.cfg.max_context:
+            raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {self.cfg.max_context}")
         if tree is None:  # causal over the cache: new query i sees cached positions <= p0 + i
             pos = torch.arange(p0, p0 + T)
             mask = pos[:, None] >= torch.arange(p0 + T)[None, :]  # [T, p0+T]
         else:
             pos, mask = tree.positions, tree.flat_mask(p0)
+        x, captured = self.layers(tokens, pos, lambda li, q, k, v: self.attend(li, q, k, v, mask, tree))
+        self._pos = p0 + T
+        # [T, K*H], layers in the order asked for
+        self._captured = torch.cat([captured[i] for i in self._layer_ids], -1) if self._layer_ids else None
+        return self.head(x[-1:] if last_only else x)  # [T|1, V]
+
+    def layers(
+        self, tokens: Sequence[int], pos: torch.Tensor, attend: Any, layer_ids: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The decoder layers over `tokens` at positions `pos` [T]; `attend(li, q, k, v)` -> [nh, T, hd]
+        (q, k after RoPE, each [nh, T, hd]) writes layer li's cache and attends. The last layer's output
+        [T, H] and the outputs of `layer_ids` (default: the target layers) by layer."""
+        cfg = self.cfg
+        T, nh, hd = len(tokens), cfg.num_heads, cfg.hidden_size // cfg.num_heads
+        x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.model.embed)  # [T, H]
+        wanted = set(self._layer_ids if layer_ids is None else layer_ids)
         captured: dict[int, torch.Tensor] = {}
         for li, layer in enumerate(self.model.layers):
             h = _rms_norm(x, layer.norm1, cfg.eps)
             q, k, v = self._linear(h, layer.qkv).view(T, 3, nh, hd).permute(1, 2, 0, 3)  # each [nh, T, hd]
-            q, k = _rope(q, pos, cfg.rope_theta), _rope(k, pos, cfg.rope_theta)
-            self._kv[li, 0, :, p0 : p0 + T] = k
-            self._kv[li, 1, :, p0 : p0 + T] = v
-            keys, vals = self._kv[li, 0, :, : p0 + T], self._kv[li, 1, :, : p0 + T]  # [nh, p0+T, hd]
-            if tree is not None:  # [nh, T, hd], each node as its path verified as a chain
-                att = tree.attend(q[None], keys[None], vals[None], scale=hd**-0.5)[0]
-            elif self.invariant:  # [nh, T, hd]
-                att = invariant_attention(q[None], keys[None], vals[None], mask[None, None], scale=hd**-0.5)[
-                    0
-                ]
-            else:
-                att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+            att = attend(li, _rope(q, pos, cfg.rope_theta), _rope(k, pos, cfg.rope_theta), v)  # [nh, T, hd]
             x = x + self._linear(att.transpose(0, 1).reshape(T, -1), layer.o)
             gate, up = self._linear(_rms_norm(x, layer.norm2, cfg.eps), layer.up).chunk(2, -1)
             x = x + self._linear(F.silu(gate) * up, layer.down)
-            if li in self._layer_ids:
+            if li in wanted:
                 captured[li] = x
-        self._pos = p0 + T
-        # [T, K*H], layers in the order asked for
-        self._captured = torch.cat([captured[i] for i in self._layer_ids], -1) if captured else None
-        x = x[-1:] if last_only else x
-        return self._linear(_rms_norm(x, self.model.norm, cfg.eps), self.model.head)  # [T, V]
+        return x, captured
+
+    def attend(
+        self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+        tree: TreeAttention | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Layer li's new keys and values [nh, T, hd] into this verifier's cache at its position, and the
+        attention of queries q [nh, T, hd] over the cache (`mask` [T, p0+T]; a tree's own) -> [nh, T, hd]."""
+        p0, T, hd = self._pos, q.shape[1], q.shape[-1]
+        self._kv[li, 0, :, p0 : p0 + T] = k
+        self._kv[li, 1, :, p0 : p0 + T] = v
+        keys, vals = self._kv[li, 0, :, : p0 + T], self._kv[li, 1, :, : p0 + T]  # [nh, p0+T, hd]
+        if tree is not None:  # each node as its path verified as a chain
+            return tree.attend(q[None], keys[None], vals[None], scale=hd**-0.5)[0]
+        if self.invariant:
+            return invariant_attention(q[None], keys[None], vals[None], mask[None, None], scale=hd**-0.5)[0]
+        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm and LM head: x [T, H] -> logits [T, V]."""
+        return self._linear(_rms_norm(x, self.model.norm, self.cfg.eps), self.model.head)
 
     def probe_logits(self, calls: Sequence[ProbeCall]) -> list[torch.Tensor | None]:
         """`specdec.measure`'s calls on this verifier's own cache from empty (at load; leaves it reset)."""

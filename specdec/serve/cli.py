@@ -39,8 +39,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-reuse", action="store_true", help="prefill every prompt whole (no prefix reuse)")
     p.add_argument(
         "--max-batch", type=or_auto(at_least(1, 16)), default="auto",
-        help="requests served at once, their verifies in one forward (HF and MLX verifiers, exact or "
-        "refused; docs/batching.md); auto (default): as many as raise the rate measured at start, 1 where "
+        help="requests served at once, their verifies in one forward (exact or refused; "
+        "docs/batching.md); auto (default): as many as raise the rate measured at start, 1 where "
         "a batch cannot be exact",
     )  # fmt: skip
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
@@ -77,9 +77,9 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
 
     sampling = sampling_of(args)
     spec = run_spec(args)
-    batchable = spec.verifier in ("hf", "mlx") and spec.tree is None
+    batchable = spec.tree is None
     if args.max_batch != "auto" and args.max_batch > 1 and not batchable:  # before anything loads
-        raise ValueError("--max-batch runs chains on the HF and MLX verifiers (docs/batching.md)")
+        raise ValueError("--max-batch verifies chains: drop --tree (docs/batching.md)")
     m = load(spec)
     verifier = m.verifier
     engines = _engines(spec, m, args, batchable=batchable)
@@ -110,7 +110,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
 def _engines(spec: Any, m: Any, args: argparse.Namespace, *, batchable: bool) -> list[StreamingEngine]:
     """The engines that serve: the loaded one, or with `--max-batch N` N on sequences of one batch
     (`specdec.batch.batch_of`), each with a drafter of its own (refused in one line where the batch cannot
-    be exact; the stub verifier and trees are refused before anything loads). `auto`: as many as
+    be exact; trees are refused before anything loads). `auto`: as many as
     `costs.choose_max_batch` measures worth it here, 1 where a batch cannot be (said on stderr)."""
     reuse = not args.no_reuse
     n, batch = _batch_size(m, args.max_batch, batchable=batchable)
@@ -136,7 +136,7 @@ def _batch_size(m: Any, asked: int | str, *, batchable: bool) -> tuple[int, Any]
         return (asked, batch_of(m.verifier)) if asked > 1 else (1, None)
     try:
         if not batchable:
-            raise ValueError("a batch verifies chains on the HF and MLX verifiers")
+            raise ValueError("a batch verifies chains (--tree asked for trees)")
         batch = batch_of(m.verifier)
     except ValueError as e:
         print(f"max batch 1: {e}", file=sys.stderr)
