@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=at_least(2, 16), default=8)
     p.add_argument("--max-new-tokens", type=at_least(1), default=64)
     p.add_argument("--block-size", type=at_least(2, 16), help="tokens per verify (default: the drafter's)")
+    p.add_argument(
+        "--min-confidence", choices=["0", "auto"], default="0",
+        help="auto: both servers' drafts cut by the verify costs measured here (as `specdec serve "
+        "--min-confidence auto`); 0: whole blocks",
+    )  # fmt: skip
     p.add_argument("--out", help="write the figures here (JSON)")
     p.set_defaults(func=_run)
     return p
@@ -106,15 +111,17 @@ def _apps(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """The serial app, the batched app and the batch, over one loaded model."""
     from specdec.api import load_drafter, load_verifier
     from specdec.batch import batch_of
+    from specdec.costs import VerifyCosts
     from specdec.serve import build_app
     from specdec.stream import StreamingEngine
 
     v = load_verifier(args.verifier, args.model, dtype=args.dtype)
     batch = batch_of(v)
     runtime = "mlx" if args.verifier == "mlx" else "torch"
+    costs = VerifyCosts.measure(v) if args.min_confidence == "auto" else None
 
     def engine(verifier: Any) -> StreamingEngine:
-        d = load_drafter(args.drafter, verifier=v, dtype=args.dtype, runtime=runtime)
+        d = load_drafter(args.drafter, verifier=v, dtype=args.dtype, runtime=runtime, costs=costs)
         return StreamingEngine(verifier, d, block_size=args.block_size)
 
     serial = build_app(engine(v), model_name="m", max_queue=16)
@@ -129,6 +136,7 @@ def _run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {**figures_header("specdec.evals.batch_cost"), "verifier": args.verifier,
                               "model": args.model, "drafter": args.drafter, "dtype": args.dtype,
                               "max_batch": args.max_batch, "block_size": args.block_size,
+                              "min_confidence": args.min_confidence,
                               "clients": {}}  # fmt: skip
     runs: dict[str, dict[int, Any]] = {"serial": {}, "batched": {}}
     for name, app in (("serial", serial_app), ("batched", batched_app)):
