@@ -362,3 +362,43 @@ def test_broken_assistant_checkpoints_are_one_line_before_anything_loads(folders
     (Path(cut) / "model.safetensors").write_bytes(data[: len(data) // 3])
     with pytest.raises(ValueError, match="truncated or not safetensors"):
         check_drafter(cut)
+
+
+@pytest.mark.parametrize("rt", ["hf", pytest.param("mlx", marks=pytest.mark.mlx)])
+def test_shared_kv_refusals_are_one_line(folders, rt):
+    """`SharedKV` where it has nothing to hand over: nothing cached yet, a KV-shared layer (no keys of its
+    own), a sliding layer asked for more positions than it keeps (HF, without `keep_window`), a rotating
+    window (MLX: a cache kind the verifier only keeps for architectures it does not widen)."""
+    if rt == "hf":
+        v = HFVerifier(folders["target"])
+    else:
+        pytest.importorskip("mlx_lm")
+        from specdec.verifiers.mlx import MLXVerifier
+
+        v = MLXVerifier(folders["target"])
+    with pytest.raises(ValueError, match=r"layer 0 of .* holds no keys"):
+        v.shared_kv(0)
+    v.prefill(list(PROMPT) * 4)  # past the sliding window
+    assert v.shared_kv(0)[0].shape[-2] > 0  # a sliding layer holds keys now
+    with pytest.raises(ValueError, match=rf"layer {v.num_layers - 1} of .* holds no keys"):
+        v.shared_kv(v.num_layers - 1)  # the last layers are KV-shared
+    if rt == "hf":  # a rollback crops a sliding layer to its window (transformers' own crop)
+
+        def crop() -> None:
+            v.reset()
+            v.prefill(list(PROMPT) * 4)
+            v.verify([5, 6, 7])
+            v.rollback(2)
+
+        crop()
+        with pytest.raises(ValueError, match=r"layer 0 holds \d+ positions, \d+ asked \(keep_window\)"):
+            v.shared_kv(0, last=W + 4)
+        v.keep_window(W + 4)
+        crop()
+        assert v.shared_kv(0, last=W + 4)[0].shape[-2] == W + 4  # kept once asked
+    else:
+        from mlx_lm.models.cache import RotatingKVCache
+
+        v._cache[0] = RotatingKVCache(max_size=W)  # as mlx_lm makes it for unwidened architectures
+        with pytest.raises(ValueError, match="sliding layers keep a rotating window; none is handed over"):
+            v.keep_window(W + 1)
