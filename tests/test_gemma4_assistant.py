@@ -402,3 +402,26 @@ def test_shared_kv_refusals_are_one_line(folders, rt):
         v._cache[0] = RotatingKVCache(max_size=W)  # as mlx_lm makes it for unwidened architectures
         with pytest.raises(ValueError, match="sliding layers keep a rotating window; none is handed over"):
             v.keep_window(W + 1)
+
+
+@pytest.mark.slow
+@pytest.mark.mlx
+@pytest.mark.parametrize("broken", [False, True], ids=["walk", "broken-walk"])
+def test_mlx_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_path, monkeypatch, broken):
+    """The chi-square above with the MLX assistant beside the MLX verifier; the exact distribution is
+    transformers' fp32 forward of the same checkpoint (enumerated). Negative control: shifted q rows."""
+    pytest.importorskip("mlx_lm")
+    from test_sampling import V as SV
+    from test_sampling import check_walk_distribution
+
+    from specdec.drafting.gemma4_assistant_mlx import MLXAssistantDrafter
+    from specdec.verifiers.mlx import MLXVerifier
+
+    t = tinymodels.tiny_gemma4(tmp_path / "t", sliding_window=2, vocab=SV)
+    a = tinymodels.tiny_gemma4_assistant(
+        tmp_path / "a", sliding_window=2, vocab=SV, ordered=True, centroids=3
+    )
+    v = MLXVerifier(t)
+    d = load_drafter(str(a), verifier=v, runtime="mlx")
+    assert isinstance(d, MLXAssistantDrafter)
+    check_walk_distribution(v, d, MLXAssistantDrafter, monkeypatch, broken=broken, reference=HFVerifier(t))

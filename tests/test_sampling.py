@@ -123,10 +123,13 @@ def sample_joint(v: StubVerifier, sp: SamplingParams, block_size: int, drafter=N
     return counts
 
 
-def check_walk_distribution(v: StubVerifier, drafter, walker: type, monkeypatch, *, broken: bool) -> None:
-    """Chi-square of the first three tokens against the exact distribution, drafts sampled from the
-    drafter's walk and verified by `rejection`. `broken`, the negative control: the walk (`walker`'s
-    `propose_walk`) reports its q rows shifted by one token, which must fail."""
+def check_walk_distribution(
+    v: StubVerifier, drafter, walker: type, monkeypatch, *, broken: bool, reference=None
+) -> None:
+    """Chi-square of the first three tokens against the exact distribution (enumerated with `reference`'s
+    forward, default `v`'s), drafts sampled from the drafter's walk and verified by `rejection`. `broken`,
+    the negative control: the walk (`walker`'s `propose_walk`) reports its q rows shifted by one token,
+    which must fail."""
     if broken:
         real = walker.propose_walk
 
@@ -136,7 +139,7 @@ def check_walk_distribution(v: StubVerifier, drafter, walker: type, monkeypatch,
 
         monkeypatch.setattr(walker, "propose_walk", shifted)
     sp = SamplingParams(temperature=1.0, rule="rejection", proposal="sample")
-    stat, df = chi2_stat(sample_joint(v, sp, 4, drafter), exact_joint(v, sp), N_SAMPLES)
+    stat, df = chi2_stat(sample_joint(v, sp, 4, drafter), exact_joint(reference or v, sp), N_SAMPLES)
     assert (stat > chi2_threshold(df, 1e-3)) if broken else (stat < chi2_threshold(df, 1e-3)), (stat, df)
 
 
