@@ -1,10 +1,11 @@
-"""Several requests verified together (`specdec.batch`, `verifiers/hf_batch.py`, `verifiers/mlx_batch.py`):
-each request's output equals its solo run's, token for token, whatever else is in the batch: different
-prompt lengths, stop tokens, sampling (greedy, seeded T > 0 with both rules), drafters (none, prompt
-lookup, DFlash on both drafter runtimes, DFlash + lookup), requests joining while others decode and one
-cancelled mid-way; on the HF verifier (tiny Llama and Qwen3 in bf16, where this machine's bf16 verify is
-batch-invariant; where not, the batch is refused in one line) and the MLX verifier (tiny Llama in fp32,
-Qwen3 in bf16, Gemma 3 with its sliding window passed, in fp32)."""
+"""Several requests verified together (`specdec.batch`; `verifiers/hf_batch.py`, `mlx_batch.py`,
+`stub_batch.py`): each request's output equals its solo run's, token for token, whatever else is in the
+batch: different prompt lengths, stop tokens, sampling (greedy, seeded T > 0 with both rules), drafters
+(none, prompt lookup, corpus n-grams, DFlash on both drafter runtimes, DFlash + lookup, a draft model),
+requests joining while others decode and one cancelled mid-way, streams; on the stub and the HF verifier
+in bf16 (tiny Llama, Qwen3, Gemma 3; where this machine's bf16 verify is not batch-invariant, the batch is
+refused in one line) and the MLX verifier (tiny Llama in fp32, Qwen3 in bf16, Gemma 3 in fp32); Gemma 3's
+contexts pass its sliding window."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def requests(v: Any) -> list[Request]:
     reject = SamplingParams(temperature=1.0, seed=5, rule="rejection", proposal="sample", top_k=20)
     kinds = [
         (None, 1, None, None), ("prompt-lookup", 6, None, frozenset({17})), ("dflash", 6, match, None),
-        ("dflash+lookup", 6, None, None), ("prompt-lookup", 4, reject, None), ("dflash", 6, reject, None),
+        ("dflash+lookup", 6, None, None), ("corpus", 4, reject, None), ("dflash", 6, reject, None),
         ("model", 4, match, None),
     ]  # fmt: skip
     out = []
@@ -107,6 +108,13 @@ def requests(v: Any) -> list[Request]:
             d = None
         elif kind == "prompt-lookup" or (kind == "model" and v.runtime == "stub"):  # no stub draft model
             d = load_drafter("prompt-lookup", verifier=v)
+        elif kind == "corpus":  # corpus n-grams where prompt lookup has nothing
+            from specdec.drafting.lookup import PromptLookupDrafter
+            from specdec.drafting.mix import LookupFirstDrafter
+            from specdec.drafting.ngrams import CorpusNgrams
+
+            table = CorpusNgrams([rep, [(11 * i) % 250 + 5 for i in range(40)], long])
+            d = LookupFirstDrafter(PromptLookupDrafter(block_size=block), block_size=block, corpus=table)
         elif kind == "model":  # a small causal LM drafting token by token, on the verifier's runtime
             rt = "mlx" if v.runtime == "mlx" else "torch"
             d = load_drafter(f"model:{DRAFT_MODELS[id(v)]}", verifier=v, runtime=rt, block_size=block)
