@@ -63,12 +63,19 @@ def verifier(request, tmp_path_factory) -> Any:
 
 
 def batch_or_refused(v: Any) -> Any:
-    """The batch, or None where this machine's verify is not batch-invariant (refused in one line)."""
+    """The batch, or None where this machine's verify is not batch-invariant (refused in one line). On
+    this project's AVX-512-bf16 kind every case here is measured exact and must be accepted; on another
+    CPU kind a measured refusal is the contract (never silently inexact), so it is taken as one."""
     if not v.batch_invariant:
         with pytest.raises(ValueError, match="cannot verify several sequences in one forward: its"):
             batch_of(v)
         return None
-    return batch_of(v)
+    try:
+        return batch_of(v)
+    except ValueError as e:
+        if torch.cpu._is_avx512_bf16_supported() or "(measured)" not in str(e):
+            raise
+        return None
 
 
 def dflash(v: Any, *, mlx: bool = False) -> Any:
