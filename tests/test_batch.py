@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("transformers")
 import tinymodels
+from threads import at_once
 
 from specdec.api import load_drafter
 from specdec.batch import Request, batch_of, generate_many
@@ -292,7 +293,7 @@ def test_streams_on_sequences_of_a_batch_advance_together(verifier):
     reqs = requests(verifier)[:4]
     want = [solo(verifier, r) for r in requests(verifier)[:4]]
     engines = [StreamingEngine(batch.sequence(), r.drafter, block_size=r.cfg.block_size) for r in reqs]
-    got = together_threads(
+    got = at_once(
         lambda i: engines[i].complete(
             list(reqs[i].prompt), max_tokens=reqs[i].cfg.max_new_tokens, sampling=reqs[i].cfg.sampling,
             stop_token_ids=reqs[i].cfg.stop_token_ids,
@@ -331,17 +332,6 @@ def test_a_stalled_member_holds_the_others_up_once(verifier, monkeypatch):
     rest = [t for ev in stalled for t in ev.tokens]
     assert first.tokens + rest == want[0]
     assert kw[1]["out"].output_tokens == want[1]
-
-
-def together_threads(fn, n: int) -> list:
-    """fn(i) for i < n, each on a thread of its own, all at once: the results in order."""
-    out: list = [None] * n
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, fn(i))) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
 
 
 @pytest.mark.slow

@@ -19,6 +19,8 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
+from threads import at_once  # noqa: E402
+
 from specdec.drafting.lookup import PromptLookupDrafter  # noqa: E402
 from specdec.serve import build_app  # noqa: E402
 from specdec.stream import StreamingEngine  # noqa: E402
@@ -64,15 +66,6 @@ def _serve(engine: StreamingEngine, **kw) -> Iterator[Served]:
         yield s
     finally:
         s.stop()
-
-
-def at_once(fn, n: int) -> None:
-    """fn(0) .. fn(n - 1), each on a thread of its own, all started before any is waited for."""
-    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
 
 
 @pytest.fixture(scope="module")
