@@ -1,12 +1,12 @@
 """Several requests decoding at once on one loaded model, their verifies run together.
 
 Each request runs the engine's own decode loop (`engine.decode`: its drafter, sampler, stop tokens, the
-same steps as alone) on a sequence of a batch (`batch_of`: `verifiers.hf_batch.HFBatch` or
-`verifiers.mlx_batch.MLXBatch`), on a thread of its own; the batch runs the calls its members have
-waiting in one forward. Requests join whenever they start and
-leave when they finish or are cancelled (continuous batching); each gets what it gets alone, token for
-token, because the batch gives each call the logits it gets alone (measured when the batch is made, or
-the batch is refused).
+same steps as alone) on a sequence of a batch (`batch_of`: `verifiers.hf_batch.HFBatch`,
+`verifiers.mlx_batch.MLXBatch` or `verifiers.stub_batch.StubBatch`), on a thread of its own, a member of
+the batch while it decodes; the batch runs the calls its members have waiting in one forward. Requests
+join whenever they start and leave when they finish or are cancelled (continuous batching); each gets
+what it gets alone, token for token, because the batch gives each call the logits it gets alone
+(measured when the batch is made, or the batch is refused).
 
     batch = batch_of(load_verifier("hf", "smollm2-135m", dtype="bfloat16"))
     results = generate_many(batch, [Request(prompt=a, cfg=cfg, drafter=d1), Request(prompt=b, cfg=cfg)])

@@ -59,6 +59,14 @@ def check_layer_ids(layer_ids: Sequence[int], num_layers: int, model_name: str) 
     return tuple(layer_ids)
 
 
+def check_call(n: int, position: int, max_context: int) -> None:
+    """A verifier call of `n` tokens after `position` cached ones fits `max_context`, or ValueError."""
+    if n == 0:
+        raise ValueError("no tokens to process")
+    if position + n > max_context:
+        raise ValueError(f"context overflow: {position} cached + {n} new > max_context {max_context}")
+
+
 #: one call of `Verifier.probe_logits`: token ids appended, a number of positions rolled back, or a tree
 #: verified in one call
 ProbeCall = Sequence[int] | int | Tree

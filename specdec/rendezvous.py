@@ -1,8 +1,9 @@
 """Where several sequences' verifier calls meet to run in one forward: the runtime-free half of a batch.
 
-A batch (`verifiers.hf_batch.HFBatch`, `verifiers.mlx_batch.MLXBatch`) is a `Rendezvous` over one loaded
-verifier. While sequences are members (`member`: what `specdec.batch` holds around a request's run), a
-call of one (`call`) waits until every member has one waiting; then the calls run, grouped so that no
+A batch (`verifiers.hf_batch.HFBatch`, `verifiers.mlx_batch.MLXBatch`, `verifiers.stub_batch.StubBatch`)
+is a `Rendezvous` over one loaded verifier. While sequences are members (`member`: what `engine.decode`
+holds around a run on a sequence), a call of one (`call`) waits until every member has one waiting (or
+is late: `PATIENCE`); then the calls run, grouped so that no
 forward holds more rows than the runtime's `fits` allows, each group in one `_forward` (the runtime's
 half). A non-member's call (a sequence before its request starts, a measurement) runs at once.
 
@@ -123,8 +124,8 @@ class Rendezvous:
         self._waiting.clear()
         try:
             for group in self._groups(calls):
-                for (_, slot), result in zip(group, self._forward(group), strict=True):
-                    slot[2] = result
+                for (seq, slot), result in zip(group, self._forward(group), strict=True):
+                    slot[2], seq.batch_size = result, len(group)  # `BatchedCalls.batch_size`
                 self.sizes.append(len(group))
         except Exception as e:  # every waiting call gets the error, none waits forever
             for _, slot in calls:

@@ -56,6 +56,7 @@ from specdec.protocols import (
     ProbeCall,
     RollbackError,
     SampleFn,
+    check_call,
     check_layer_ids,
 )
 from specdec.tree import Tree
@@ -349,14 +350,8 @@ class HFVerifier:
 
     def _check_call(self, tokens: Sequence[int]) -> int:
         """A call of `tokens` fits the cache: their count, or ValueError."""
-        T = len(tokens)
-        if T == 0:
-            raise ValueError("no tokens to process")
-        if self._pos + T > self.max_context:
-            raise ValueError(
-                f"context overflow: {self._pos} cached + {T} new > max_context {self.max_context}"
-            )
-        return T
+        check_call(len(tokens), self._pos, self.max_context)
+        return len(tokens)
 
     @torch.inference_mode()
     def forward(

@@ -102,7 +102,6 @@ class HFBatch(Rendezvous):
             seq._pos += b - a
             seq._since_crop += b - a
             seq._captured = {i: got[i][a:b] for i in seq._layer_ids}
-            seq.batch_size = len(group)
         return logits
 
 

@@ -68,6 +68,7 @@ from specdec.protocols import (
     ProbeCall,
     RollbackError,
     SampleFn,
+    check_call,
     check_layer_ids,
 )
 from specdec.tree import Tree
@@ -377,10 +378,7 @@ class MLXVerifier:
         `tree`, `tokens` are a tree's nodes: positions by depth, each seeing the cache and its ancestors."""
         ids = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)  # [T]
         T, p0 = ids.shape[0], self._pos
-        if T == 0:
-            raise ValueError("no tokens to process")
-        if p0 + T > self.max_context:
-            raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {self.max_context}")
+        check_call(T, p0, self.max_context)
         store: dict[int, mx.array] = {}
         record = bool(self._recurrent) and T <= MAX_VERIFY_TOKENS
         cache = self._cache if tree is None else [TreeCache(c, tree) for c in self._cache]

@@ -29,6 +29,7 @@ from typing import Any
 import mlx.core as mx
 
 from specdec.kernels import MAX_VERIFY_TOKENS, TreeAttention
+from specdec.protocols import check_call
 from specdec.rendezvous import Call, Member, Rendezvous, solo_mismatch
 from specdec.verifiers.mlx import MLXVerifier
 from specdec.verifiers.mlx_cache import Tap
@@ -54,12 +55,7 @@ class MLXSequence(Member, MLXVerifier):
         if tree is not None:
             self.check_tree()
         tokens = tokens.tolist() if isinstance(tokens, mx.array) else list(tokens)
-        if not tokens:
-            raise ValueError("no tokens to process")
-        if self._pos + len(tokens) > self.max_context:
-            raise ValueError(
-                f"context overflow: {self._pos} cached + {len(tokens)} new > max_context {self.max_context}"
-            )
+        check_call(len(tokens), self._pos, self.max_context)
         return self.batch.call(self, tokens, last_only)  # [T, V] or [1, V], evaluated
 
 
@@ -85,7 +81,6 @@ class MLXBatch(Rendezvous):
             seq, (tokens, last_only, _) = group[0]
             logits = MLXVerifier._forward(seq, tokens, last_only=last_only)
             mx.eval(logits, seq._feats, [c.state for c in seq._cache])
-            seq.batch_size = 1
             return [logits]
         seqs = [seq for seq, _ in group]
         lengths = [len(call[0]) for _, call in group]
@@ -105,7 +100,6 @@ class MLXBatch(Rendezvous):
             feats = [store[i][b, :n] for i in seq._layer_ids]  # [n, H] each
             seq._feats = mx.concatenate(feats, axis=-1) if feats else None  # [n, K*H]
             seq._pos += n
-            seq.batch_size = len(group)
         mx.eval(
             out, [s._feats for s in seqs if s._feats is not None], [c.state for s in seqs for c in s._cache]
         )

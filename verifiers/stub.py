@@ -21,7 +21,15 @@ from torch import nn
 from specdec.kernels import TreeAttention, batch_invariant, invariant_attention, linear_fn
 from specdec.measure import probe_own_cache, trees_equal_chains, verify_equals_steps
 from specdec.memory import probe_for_module
-from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe, ProbeCall, SampleFn, check_layer_ids
+from specdec.protocols import (
+    EmbedFn,
+    LMHeadFn,
+    MemoryProbe,
+    ProbeCall,
+    SampleFn,
+    check_call,
+    check_layer_ids,
+)
 from specdec.tree import Tree
 
 BOS, EOS, PAD = 256, 257, 258
@@ -165,8 +173,7 @@ class StubVerifier:
         """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). With `tree`, `tokens`
         are a tree's nodes: positions by depth, each seeing the cache and its ancestors."""
         T, p0 = len(tokens), self._pos
-        if p0 + T > self.cfg.max_context:
-            raise ValueError(f"context overflow: {p0} cached + {T} new > max_context {self.cfg.max_context}")
+        check_call(T, p0, self.cfg.max_context)
         if tree is None:  # causal over the cache: new query i sees cached positions <= p0 + i
             pos = torch.arange(p0, p0 + T)
             mask = pos[:, None] >= torch.arange(p0 + T)[None, :]  # [T, p0+T]

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.kernels import TreeAttention
+from specdec.protocols import check_call
 from specdec.rendezvous import Call, Member, Rendezvous, solo_mismatch
 from specdec.verifiers.stub import StubVerifier
 
@@ -36,13 +37,7 @@ class StubSequence(Member, StubVerifier):
     ) -> torch.Tensor:
         if tree is not None:
             self.check_tree()
-        if self._pos + len(tokens) > self.cfg.max_context:
-            limit = self.cfg.max_context
-            raise ValueError(
-                f"context overflow: {self._pos} cached + {len(tokens)} new > max_context {limit}"
-            )
-        if not tokens:
-            raise ValueError("no tokens to process")
+        check_call(len(tokens), self._pos, self.cfg.max_context)
         return self.batch.call(self, list(tokens), last_only)
 
 
@@ -63,26 +58,25 @@ class StubBatch(Rendezvous):
         """One pass of the layers over the group's calls (module docstring); each call's logits."""
         if len(group) == 1:  # as `StubVerifier.forward`
             seq, (tokens, last_only, _) = group[0]
-            seq.batch_size = 1
             return [StubVerifier.forward(seq, tokens, last_only=last_only)]
         seqs = [seq for seq, _ in group]
         spans, s = [], 0
         for _, (tokens, _, _) in group:
             spans.append((s, s + len(tokens)))
             s += len(tokens)
-        pos = torch.cat([torch.arange(q._pos, q._pos + b - a) for q, (a, b) in zip(seqs, spans)])  # [sum T]
+        rows = [torch.arange(q._pos, q._pos + b - a) for q, (a, b) in zip(seqs, spans)]  # positions [T]
+        masks = [p[:, None] >= torch.arange(p[-1] + 1)[None, :] for p in rows]  # causal [T, p0+T], per call
 
         def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = []  # each sequence's call as alone: [nh, T, hd]
-            for seq, (a, b) in zip(seqs, spans, strict=True):
-                p = torch.arange(seq._pos, seq._pos + b - a)
-                mask = p[:, None] >= torch.arange(seq._pos + b - a)[None, :]  # [T, p0+T]
-                out.append(seq.attend(li, q[:, a:b], k[:, a:b], v[:, a:b], mask))
+            out = [  # each sequence's call as alone: [nh, T, hd]
+                seq.attend(li, q[:, a:b], k[:, a:b], v[:, a:b], mask)
+                for seq, (a, b), mask in zip(seqs, spans, masks, strict=True)
+            ]
             return torch.cat(out, 1)  # [nh, sum T, hd]
 
         ids = [t for _, (tokens, _, _) in group for t in tokens]
         wanted = sorted({i for seq in seqs for i in seq._layer_ids})
-        x, captured = self.base.layers(ids, pos, attend, wanted)  # [sum T, H]
+        x, captured = self.base.layers(ids, torch.cat(rows), attend, wanted)  # [sum T, H]
         keep: list[int] = []  # the rows whose logits are asked for
         for (_, (_, last_only, _)), (a, b) in zip(group, spans, strict=True):
             keep += [b - 1] if last_only else range(a, b)
@@ -95,5 +89,4 @@ class StubBatch(Rendezvous):
             seq._pos += b - a
             feats = [captured[i][a:b] for i in seq._layer_ids]
             seq._captured = torch.cat(feats, -1) if feats else None  # [T, K*H]
-            seq.batch_size = len(group)
         return out
