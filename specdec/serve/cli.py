@@ -119,9 +119,8 @@ def _engines(spec: Any, m: Any, args: argparse.Namespace, *, batchable: bool) ->
     from specdec.api import drafter_for
 
     engines = []
-    for i in range(n):
-        seq = batch.sequence()
-        d = m.drafter if i == 0 or m.drafter is None else drafter_for(spec, seq, dtype=m.dtype, costs=m.costs)
+    for seq in (batch.sequence() for _ in range(n)):  # each with a drafter bound to its own sequence
+        d = None if m.drafter is None else drafter_for(spec, seq, dtype=m.dtype, costs=m.costs)
         engines.append(
             StreamingEngine(seq, d, block_size=m.block_size, max_context=args.max_context, reuse=reuse)
         )
