@@ -24,6 +24,7 @@ from specdec.drafting.load import (
     check_drafter,
     check_drafter_fits,
     check_drafter_runtimes,
+    check_kind_runtime,
     load_drafter,
 )
 from specdec.drafting.lookup import LOOKUP_BLOCK_SIZE
@@ -186,6 +187,7 @@ class RunSpec:
 
             check_corpus(self.corpus, drafter=spec.text, target=target)
         plan = check_drafter(spec)
+        check_kind_runtime(plan, self.drafter_runtime)
         folder = local_folder(self.model) if self.verifier != "stub" else None
         check_drafter_fits(plan, target, target_folder=folder)
         if self.tree is not None:

@@ -146,33 +146,38 @@ def test_refusals_before_anything_loads(folders, tmp_path, capsys, monkeypatch):
         load_drafter("mtp", verifier=MLXVerifier(dropped))
 
 
-def test_first_block_equals_mlx_vlm(folders):
-    """mlx-vlm 0.7.10's `qwen3_5_mtp` drafter, fed the verifier's final-normed hidden states, drafts the
-    same first block. (Past it, mlx-vlm keeps the K/V of accepted chain rows, computed from its own
-    predicted hidden states rather than the verifier's, so later blocks may differ by design; specdec
-    recomputes them as transformers does, tested above.)"""
-    pytest.importorskip("mlx_vlm")
+def mlx_vlm_peer(folder: Path, text: dict, weights: dict | None = None, quantization: dict | None = None):
+    """mlx-vlm 0.7.10's `qwen3_5_mtp` drafter for the model of text config `text`: the `mtp.*` tensors of
+    checkpoint `folder` through its own sanitize, or with `weights` a split folder's as they lie (quantized
+    as its loader quantizes them where `quantization` says)."""
     import mlx.core as mx
+    import mlx.nn as nn
     from mlx_vlm.speculative.drafters.qwen3_5_mtp.config import Qwen3_5MTPConfig
     from mlx_vlm.speculative.drafters.qwen3_5_mtp.qwen3_5_mtp import Qwen3_5MTPDraftModel
 
-    from specdec.bridges.mlx import text_model
-    from specdec.verifiers.mlx import MLXVerifier
-
-    folder = folders["qwen3_5_multimodal"]
-    text = json.loads((folder / "config.json").read_text())["text_config"]
     # mlx-vlm asks for the multimodal RoPE sections real configs carry; on text they are plain RoPE
-    text["rope_parameters"] = {
-        **text["rope_parameters"],
-        "mrope_section": [1, 1, 0],
-        "mrope_interleaved": True,
-    }
-    peer = Qwen3_5MTPDraftModel(Qwen3_5MTPConfig.from_dict({"text_config": text}))
-    weights = {k: v for k, v in mx.load(str(folder / "model.safetensors")).items() if k.startswith("mtp.")}
-    peer.load_weights(list(peer.sanitize(weights).items()), strict=True)
-    v = MLXVerifier(folder)
+    rope = {**text["rope_parameters"], "mrope_section": [1, 1, 0], "mrope_interleaved": True}
+    peer = Qwen3_5MTPDraftModel(
+        Qwen3_5MTPConfig.from_dict({"text_config": {**text, "rope_parameters": rope}})
+    )
+    if weights is None:
+        raw = {k: v for k, v in mx.load(str(folder / "model.safetensors")).items() if k.startswith("mtp.")}
+        weights = peer.sanitize(raw)
+    if quantization:
+        nn.quantize(peer, quantization["group_size"], quantization["bits"],
+                    class_predicate=lambda p, m: f"{p}.scales" in weights)  # fmt: skip
+    peer.load_weights(list(weights.items()), strict=True)
+    return peer
+
+
+def first_blocks(d, v, peer) -> tuple[list[int], list[int]]:
+    """The first block of drafter `d` on MLXVerifier `v` after PROMPT, and mlx-vlm's `peer` fed the
+    verifier's final-normed hidden states."""
+    import mlx.core as mx
+
+    from specdec.bridges.mlx import text_model
+
     peer.reset(v.model)
-    d = load_drafter("mtp", verifier=v, block_size=5)
     v.reset()
     v.set_target_layers(d.target_layer_ids)
     last = v.prefill(PROMPT)
@@ -181,7 +186,139 @@ def test_first_block_equals_mlx_vlm(folders):
     d.extend(feats, PROMPT)
     normed = text_model(v.model).model.norm(feats)
     peer.prefill_from_target_hidden(mx.array([PROMPT]), normed[None], last, None, greedy=True)
-    assert d.propose(last, 4) == peer.draft_block(last, None, None, 5, None, greedy=True)[0].tolist()
+    return d.propose(last, 4), peer.draft_block(last, None, None, 5, None, greedy=True)[0].tolist()
+
+
+def test_first_block_equals_mlx_vlm(folders):
+    """mlx-vlm 0.7.10's `qwen3_5_mtp` drafter, fed the verifier's final-normed hidden states, drafts the
+    same first block. (Past it, mlx-vlm keeps the K/V of accepted chain rows, computed from its own
+    predicted hidden states rather than the verifier's, so later blocks may differ by design; specdec
+    recomputes them as transformers does, tested above.)"""
+    pytest.importorskip("mlx_vlm")
+    from specdec.verifiers.mlx import MLXVerifier
+
+    folder = folders["qwen3_5_multimodal"]
+    peer = mlx_vlm_peer(folder, json.loads((folder / "config.json").read_text())["text_config"])
+    v = MLXVerifier(folder)
+    ours, theirs = first_blocks(load_drafter("mtp", verifier=v, block_size=5), v, peer)
+    assert ours == theirs
+
+
+def split_by_mlx_vlm(src: Path, out: Path, bits: int | None = None) -> Path:
+    """`src`'s MTP layers split into `out` by mlx-vlm 0.7.10's own splitter (as `mlx_vlm.convert --mtp`
+    writes them), quantized to `bits` in groups of 32 where given."""
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp.split import Qwen3_5MTPSplitter, Qwen3NextMTPSplitter
+
+    nxt = json.loads((src / "config.json").read_text())["model_type"] == "qwen3_next"
+    q = {"q_bits": bits, "q_group_size": 32} if bits else {}
+    (Qwen3NextMTPSplitter if nxt else Qwen3_5MTPSplitter)().split(str(src), str(out), **q)
+    return out
+
+
+@pytest.mark.parametrize("fam", list(MAKERS))
+def test_split_folder_drafts_equal_transformers_mtp_layer(folders, tmp_path, fam):
+    """mlx-vlm's split folder of the model's MTP layers (`--drafter <folder>`, drafter runtime mlx) drafts
+    what transformers' MTP layer does on transformers' hidden states, through accepted, rejected and
+    partial steps and rollbacks: the same drafter as `--drafter mtp`, its weights from the folder."""
+    pytest.importorskip("mlx_vlm")
+    from specdec.drafting.mtp_mlx import MLXMtpDrafter
+    from specdec.verifiers.mlx import MLXVerifier
+
+    split = split_by_mlx_vlm(folders[fam], tmp_path / "split")
+    v = MLXVerifier(folders[fam])
+    d = load_drafter(str(split), verifier=v, runtime="mlx", block_size=5)
+    assert isinstance(d, MLXMtpDrafter) and d.describe()["split_folder"] == str(split)
+    scripted_steps(d, v, transformers_reference(HFVerifier(folders[fam])), prompt=PROMPT)
+
+
+@pytest.mark.parametrize("fam", ["qwen3_5_multimodal", "qwen3_5_moe"])
+def test_quantized_split_folder_is_mlx_vlms_and_output_greedy(folders, tmp_path, fam):
+    """A 4-bit split (`mlx_vlm.convert --mtp -q`): its first block equals mlx-vlm's own drafter on the same
+    folder; the output is mlx_lm's greedy generation, seeded T > 0 matches, a second turn reuses."""
+    pytest.importorskip("mlx_vlm")
+    import mlx.core as mx
+
+    from specdec.verifiers.mlx import MLXVerifier
+
+    split = split_by_mlx_vlm(folders[fam], tmp_path / "split4", bits=4)
+    cfg = json.loads((split / "config.json").read_text())
+    v = MLXVerifier(folders[fam])
+    d = load_drafter(str(split), verifier=v, runtime="mlx", block_size=5)
+    assert d.describe()["quantization"]["bits"] == 4
+    if fam == "qwen3_5_multimodal":  # mlx-vlm's drafter class is Qwen3.5's dense one
+        weights = mx.load(str(split / "model.safetensors"))
+        peer = mlx_vlm_peer(split, cfg["text_config"], weights, cfg["quantization"])
+        ours, theirs = first_blocks(d, v, peer)
+        assert ours == theirs
+    d = load_drafter(str(split), verifier=v, runtime="mlx")
+    assert run(v, d).output_tokens == parity.mlx_lm_greedy(v, PROMPT, 24)
+    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
+    assert run(v, d, sampling=match).output_tokens == run(v, sampling=match).output_tokens
+    assert_turns_equal_fresh_runs(v, d, PROMPT, lambda ids: run(v, prompt=ids, n=12).output_tokens)
+
+
+def test_split_folder_refusals(folders, tmp_path, capsys):
+    """Before the verifier loads, in one line: the HF verifier (MLX-layout weights), another model's
+    verifier, a split of a kind specdec does not read, weights that lack a tensor, quantized weights
+    without their config; as --model it is named a drafter. `inspect-drafter` says what it holds."""
+    pytest.importorskip("mlx_vlm")
+    import shutil
+
+    from specdec.cli import main
+
+    src = folders["qwen3_5"]
+    split = split_by_mlx_vlm(src, tmp_path / "split")
+    cfg = json.loads((split / "config.json").read_text())
+
+    def variant(name: str, config: dict, drop: str | None = None) -> Path:
+        out = tmp_path / name
+        shutil.copytree(split, out)
+        (out / "config.json").write_text(json.dumps(config))
+        if drop:
+            from safetensors.numpy import load_file, save_file
+
+            w = load_file(str(out / "model.safetensors"))
+            save_file({k: a for k, a in w.items() if k != drop}, str(out / "model.safetensors"))
+        return out
+
+    other = tinymodels.add_mtp(tinymodels.tiny_qwen3_next(tmp_path / "next"))
+
+    def mlx(drafter: Path) -> list[str]:
+        return [
+            "--verifier",
+            "mlx",
+            "--model",
+            str(src),
+            "--drafter",
+            str(drafter),
+            "--drafter-runtime",
+            "mlx",
+        ]
+
+    cases = [
+        (["--verifier", "hf", "--model", str(src), "--drafter", str(split)], "runs in ['mlx']"),
+        (mlx(split)[:-2], "(--verifier mlx --drafter-runtime mlx), not torch"),
+        (["--verifier", "mlx", "--model", str(other), "--drafter", str(split), "--drafter-runtime", "mlx"],
+         "the MTP weights do not fit this model's full-attention layer"),
+        (mlx(variant("nemo", {**cfg, "model_type": "nemotron_h_mtp"})),
+         "MTP layers of model_type 'nemotron_h_mtp'; specdec reads ['qwen3_5_mtp']"),
+        (mlx(variant("nofc", cfg, drop="fc.weight")), "its weights lack ['fc.weight']"),
+        (mlx(variant("wide", {**cfg, "text_config": {**cfg["text_config"], "hidden_size": 96}})),
+         "MTP layers split from a model of hidden size 96"),
+    ]  # fmt: skip
+    q = split_by_mlx_vlm(src, tmp_path / "q", bits=4)
+    qcfg = {k: v for k, v in json.loads((q / "config.json").read_text()).items() if "quantization" not in k}
+    (q / "config.json").write_text(json.dumps(qcfg))
+    cases.append((mlx(q), "no quantization"))
+    cases.append((["--verifier", "mlx", "--model", str(split)], "holds MTP drafter layers (split format)"))
+    for args, says in cases:
+        rc = main(["generate", *args, "--prompt", "x", "--max-new-tokens", "2"])
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.startswith("error:") or "Traceback" in ln]
+        assert rc == 2 and len(lines) == 1 and says in lines[0], (args, err)
+    assert main(["inspect-drafter", str(split), "--model", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "MTP drafter layers (split format)" in out and "mtp-split" in out and "fits" in out, out
 
 
 @pytest.mark.parametrize("quantize", [False, True], ids=["mlx", "mlx-8bit"])

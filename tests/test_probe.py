@@ -255,7 +255,12 @@ FORMATS = {
     "medusa": ({"medusa_num_heads": 4, "medusa_num_layers": 1}, "a Medusa drafter, which"),
     "gemma4 unified assistant": ({"model_type": "gemma4_unified_assistant"},
                                  "a Gemma-4 assistant drafter (unified format), which"),
-    "split mtp": ({"model_type": "qwen3_5_mtp"}, "MTP drafter layers (split format)"),
+    # mlx-vlm's split qwen3_5_mtp folders are read now (test_mtp.py); a split without its model's config,
+    # or of a family specdec does not read, is named
+    "split mtp": ({"model_type": "qwen3_5_mtp"},
+                  "split MTP folder 'split-mtp': config.json lacks the model's text_config"),
+    "split nemotron mtp": ({"model_type": "nemotron_h_mtp"},
+                           "holds MTP layers of model_type 'nemotron_h_mtp'; specdec reads ['qwen3_5_mtp']"),
     "qwen3.5 with mtp": ({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
                           "text_config": {"mtp_num_hidden_layers": 1}},
                          "to draft with its MTP layers, load it as --model and pass --drafter mtp (HF "

@@ -22,7 +22,7 @@ from specdec.protocols import Drafter, Verifier
 
 __all__ = [
     "DRAFTER_RUNTIMES", "DrafterPlan", "check_drafter", "check_drafter_fits", "check_drafter_runtimes",
-    "load_drafter",
+    "check_kind_runtime", "load_drafter",
 ]  # fmt: skip
 
 DRAFTER_RUNTIMES = ("torch", "mlx")
@@ -87,6 +87,16 @@ def check_drafter_runtimes(verifier: str, runtimes: Sequence[str]) -> None:
     """Before any load: a drafter in MLX reads the verifier's features as MLX arrays."""
     if "mlx" in runtimes and verifier != "mlx":
         raise ValueError("drafter runtime mlx needs --verifier mlx (its features stay MLX arrays)")
+
+
+def check_kind_runtime(plan: DrafterPlan, runtime: str) -> None:
+    """Before any load: a checkpoint's kind runs in drafter runtime `runtime`."""
+    kind = plan.checkpoint.kind if plan.checkpoint is not None else None
+    if kind is not None and runtime not in kind.runtimes:
+        how = " (--verifier mlx --drafter-runtime mlx)" if kind.runtimes == ("mlx",) else ""
+        raise ValueError(
+            f"drafter {plan.spec.base.text!r} ({kind.name}) runs in {list(kind.runtimes)}{how}, not {runtime}"
+        )
 
 
 def load_drafter(
@@ -168,12 +178,8 @@ def _load_base(
     else:
         ckpt = plan.checkpoint
         assert ckpt is not None
-        kind = ckpt.kind
-        if runtime not in kind.runtimes:
-            raise ValueError(
-                f"drafter {spec.text!r} ({kind.name}) runs in {list(kind.runtimes)}, not {runtime}"
-            )
-        drafter = kind.load(
+        check_kind_runtime(plan, runtime)
+        drafter = ckpt.kind.load(
             ckpt,
             runtime=runtime,
             device=device,

@@ -18,6 +18,7 @@ drop the `mtp.*` weights: it reads them from the checkpoint and builds the layer
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,8 @@ from specdec.kernels import use_cpu_linears
 from specdec.protocols import MemoryProbe
 
 __all__ = [
-    "MTP_BLOCK_SIZE", "MTP_FILE", "MtpDrafter", "add_mtp", "check_mtp_folder", "load_mtp_model",
-    "mtp_layer_count",
+    "MTP_BLOCK_SIZE", "MTP_FILE", "SPLIT_TYPES", "MtpDrafter", "SplitMtp", "add_mtp", "check_mtp_folder",
+    "check_split_fits", "load_mtp_model", "mtp_layer_count", "read_split", "tensor_names",
 ]  # fmt: skip
 
 #: the file `add_mtp` writes beside a conversion: the `mtp.*` tensors, their layer count in its metadata
@@ -56,7 +57,7 @@ def mtp_layer_count(raw: dict[str, Any], folder: Path | None = None) -> int:
     return 0
 
 
-def _file_names(f: Path) -> list[str]:
+def tensor_names(f: Path) -> list[str]:
     from safetensors import safe_open
 
     try:
@@ -71,7 +72,7 @@ def _weight_names(folder: Path) -> list[str]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         return list(json.loads(index.read_text()).get("weight_map", {}))
-    return [k for f in sorted(folder.glob("*.safetensors")) if f.name != MTP_FILE for k in _file_names(f)]
+    return [k for f in sorted(folder.glob("*.safetensors")) if f.name != MTP_FILE for k in tensor_names(f)]
 
 
 def check_mtp_folder(folder: str | Path) -> int:
@@ -88,7 +89,7 @@ def check_mtp_folder(folder: str | Path) -> int:
             f"{' / '.join(_COUNTS)}); use another drafter"
         )
     beside = (folder / MTP_FILE).is_file()  # `add_mtp`'s copy beside a conversion (checked when copied)
-    found = _weight_names(folder) + (_file_names(folder / MTP_FILE) if beside else [])
+    found = _weight_names(folder) + (tensor_names(folder / MTP_FILE) if beside else [])
     names = [k.removeprefix("model.language_model.").removeprefix("model.") for k in found]
     layers = {k.split(".")[2] for k in names if k.startswith("mtp.layers.")}
     if not any(k.startswith("mtp.") for k in names):
@@ -137,6 +138,80 @@ def load_mtp_model(main: Any, n: int, *, cpu_linears: bool = True) -> Any:
     if cpu_linears:
         use_cpu_linears(mtp)
     return mtp
+
+
+#: the split model types read: mlx-vlm writes Qwen3.5 / 3.6 and Qwen3-Next MTP layers as this one
+SPLIT_TYPES = ("qwen3_5_mtp",)
+_NEEDED = ("fc.weight", "norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
+
+
+@dataclass(frozen=True)
+class SplitMtp:
+    """A split MTP folder as read before any weights load: the shape of the model it was split from, its
+    layer count, and mlx's quantization config (None: not quantized)."""
+
+    folder: Path
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    layers: int
+    quantization: dict[str, Any] | None
+    weights_file: str
+
+
+def _names(folder: Path) -> tuple[list[str], str]:
+    files = sorted(p for p in folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder.name!r}: a split MTP folder without weights (no *.safetensors)")
+    return [k for f in files for k in tensor_names(f)], ", ".join(f.name for f in files)
+
+
+def read_split(folder: Path, raw: dict[str, Any]) -> SplitMtp:
+    """The header of the split MTP folder `folder` (config `raw`), checked: a model type specdec reads, the
+    model's shape, the tensors the layer needs, a quantization config where the weights are quantized."""
+    where = f"split MTP folder {folder.name!r}"
+    mt = raw.get("model_type")
+    if mt not in SPLIT_TYPES:
+        raise ValueError(
+            f"{where} holds MTP layers of model_type {mt!r}; specdec reads {list(SPLIT_TYPES)} "
+            "(Qwen3.5 / 3.6 / Qwen3-Next)"
+        )
+    text = raw.get("text_config")
+    shape = (
+        [text.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")]
+        if isinstance(text, dict)
+        else []
+    )
+    if len(shape) != 3 or not all(isinstance(v, int) and v > 0 for v in shape):
+        raise ValueError(
+            f"{where}: config.json lacks the model's text_config (hidden_size, num_hidden_layers, vocab_size)"
+        )
+    names, files = _names(folder)
+    missing = [k for k in _NEEDED if k not in names] + (
+        [] if any(k.startswith("layers.0.") for k in names) else ["layers.0.*"]
+    )
+    if missing:
+        raise ValueError(f"{where}: its weights lack {missing}")
+    q = raw.get("quantization")
+    quantized = any(k.endswith(".scales") for k in names)
+    if quantized and not (
+        isinstance(q, dict) and isinstance(q.get("group_size"), int) and isinstance(q.get("bits"), int)
+    ):
+        raise ValueError(f"{where}: quantized weights but no quantization (group_size, bits) in config.json")
+    hidden, layers, vocab = shape
+    return SplitMtp(folder, hidden, layers, vocab, mtp_layer_count(raw) or 1, q if quantized else None, files)
+
+
+def check_split_fits(header: SplitMtp, target: Any, name: str) -> None:
+    """A one-line ValueError where the model `target` (a verifier, or its shape before it loads) is not the
+    one the layers were split from (hidden size, layers, vocabulary)."""
+    want = (header.hidden_size, header.num_layers, header.vocab_size)
+    have = (target.hidden_size, target.num_layers, target.vocab_size)
+    if want != have:
+        raise ValueError(
+            f"drafter {name!r}: MTP layers split from a model of hidden size {want[0]}, {want[1]} layers, "
+            f"vocabulary {want[2]}; {target.model_name} has {have[0]}, {have[1]}, {have[2]}"
+        )
 
 
 def add_mtp(source: str | Path, target: str | Path) -> Path:

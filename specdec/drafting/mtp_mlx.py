@@ -1,14 +1,17 @@
 """`--drafter mtp` beside an MLX verifier: the model's MTP layer run in MLX (see `specdec.drafting.mtp` for
 what it computes). mlx_lm's loaders drop the `mtp.*` weights, so they are read from the checkpoint's
-safetensors here (an original, unconverted checkpoint: conversions drop them) and the layer is built from
-the MLX model's own decoder-layer class at a full-attention index, its weights passed through the model's
-own `sanitize` (expert stacking, Qwen3.5's zero-centred norms) as the model's layers were. The layer's
-K/V cache is mlx_lm's `KVCache` (rolled back by `trim`); the verifier's final norm, embedding and LM head
-are its own modules. A proposal stays lazy until its one sync.
+safetensors here (an original, unconverted checkpoint, or a conversion `specdec add-mtp` gave them back)
+and put in the layout of mlx-vlm's split MTP folders (`qwen3_5_mtp`: `fc`, the three norms shifted as the
+model's zero-centred norms are, `layers.0.*` through the model's own `sanitize`: expert stacking). A split
+folder (`--drafter <folder>`, `specdec.drafting.mtp_kind`) is read as it is, quantized or not. Either way
+the layer is the MLX model's own decoder-layer class at a full-attention index. Its K/V cache is mlx_lm's
+`KVCache` (rolled back by `trim`); the verifier's final norm, embedding and LM head are its own modules. A
+proposal stays lazy until its one sync.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +22,27 @@ import torch
 from specdec.bridges.mlx import embed_scale, text_model
 from specdec.drafting.chain_mlx import MLXChainProposals
 from specdec.drafting.dflash_mlx import _head_fn
-from specdec.drafting.mtp import MTP_BLOCK_SIZE, check_mtp_folder
+from specdec.drafting.mtp import MTP_BLOCK_SIZE, check_mtp_folder, check_split_fits
 from specdec.drafting.policy import DraftPolicy
 
-__all__ = ["MLXMtpDrafter"]
+__all__ = ["MLXMtpDrafter", "checkpoint_weights", "split_weights"]
+
+_NORMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
 
 
-def _mtp_weights(folder: Path) -> tuple[dict[str, mx.array], str]:
+def _full_attention_index(model: nn.Module) -> int:
+    """The first full-attention layer of a hybrid model (Qwen3.5 / 3.6 / Qwen3-Next): the MTP layer's kind."""
+    layers = text_model(model).model.layers
+    found = next((i for i, la in enumerate(layers) if not getattr(la, "is_linear", True)), None)
+    if found is None:
+        raise ValueError(
+            f"MTP layers draft for Qwen3.5 / 3.6 / Qwen3-Next models; {type(layers[0]).__module__} has no "
+            "full-attention layer of that kind"
+        )
+    return found
+
+
+def _mtp_tensors(folder: Path) -> tuple[dict[str, mx.array], str]:
     """The checkpoint's `mtp.*` tensors (whatever shard holds them) and the prefix of its model's layers
     ("model." or a multimodal checkpoint's "model.language_model.")."""
     out: dict[str, mx.array] = {}
@@ -37,43 +54,82 @@ def _mtp_weights(folder: Path) -> tuple[dict[str, mx.array], str]:
     return out, root
 
 
-def _layer(model: nn.Module, weights: dict[str, mx.array], root: str) -> nn.Module:
-    """The MTP decoder layer: the model's own layer class at a full-attention index, its weights (renamed
-    to that layer's, under the checkpoint's `root` prefix) through the model's own `sanitize`. An original
+def _layer_weights(model: nn.Module, tensors: dict[str, mx.array], root: str) -> dict[str, mx.array]:
+    """`mtp.layers.0.*` as the model's layer at a full-attention index has its weights: renamed to that
+    layer's (under the checkpoint's `root` prefix) and through the model's own `sanitize`. An original
     checkpoint's norms are zero-centred and sanitize shifts them where it sees the unconverted conv1d
     layout, so a conv1d of that layout goes along to tell it (the `mtp.*` weights only exist unconverted)."""
-    tm = text_model(model)
-    fa = next(i for i, la in enumerate(tm.model.layers) if not getattr(la, "is_linear", True))
-    layer = type(tm.model.layers[fa])(tm.args, fa)
+    fa = _full_attention_index(model)
     prefix = f"{root}layers.{fa}."
     raw = {
         prefix + k.removeprefix("mtp.layers.0."): v
-        for k, v in weights.items()
+        for k, v in tensors.items()
         if k.startswith("mtp.layers.0.")
     }
     raw[f"{root}layers.0.linear_attn.conv1d.weight"] = mx.zeros((1, 1, 4))  # read by sanitize, then dropped
-    clean = model.sanitize(raw)
     mark = f"layers.{fa}."
-    layer.load_weights([(k.split(mark, 1)[1], v) for k, v in clean.items() if mark in k], strict=True)
-    return layer
+    return {k.split(mark, 1)[1]: v for k, v in model.sanitize(raw).items() if mark in k}
 
 
-class _Net(nn.Module):
-    def __init__(self, model: nn.Module, weights: dict[str, mx.array], root: str) -> None:
+def checkpoint_weights(model: nn.Module, folder: Path) -> dict[str, mx.array]:
+    """The MTP weights of the verifier's checkpoint `folder` (HF layout) in the split layout."""
+    tensors, root = _mtp_tensors(folder)
+    out = {"fc.weight": tensors["mtp.fc.weight"]}
+    out |= {f"{n}.weight": tensors[f"mtp.{n}.weight"] + 1.0 for n in _NORMS}  # zero-centred, as the model's
+    return out | {f"layers.0.{k}": v for k, v in _layer_weights(model, tensors, root).items()}
+
+
+def split_weights(folder: Path) -> dict[str, mx.array]:
+    """A split MTP folder's tensors, as they lie (mlx-vlm wrote them in the layout `_Mtp` names)."""
+    out: dict[str, mx.array] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out |= mx.load(str(f))
+    return out
+
+
+class _Mtp(nn.Module):
+    """The MTP layer's own modules, named as the split layout names its tensors."""
+
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         tm = text_model(model)
         H, eps = tm.args.hidden_size, tm.args.rms_norm_eps
-        self.layer = _layer(model, weights, root)
+        fa = _full_attention_index(model)
         self.fc = nn.Linear(2 * H, H, bias=False)
-        self.fc.weight = weights["mtp.fc.weight"]
-        self.enorm, self.hnorm, self.post = (nn.RMSNorm(H, eps=eps) for _ in range(3))
-        for norm, name in (
-            (self.enorm, "pre_fc_norm_embedding"),
-            (self.hnorm, "pre_fc_norm_hidden"),
-            (self.post, "norm"),
-        ):
-            norm.weight = weights[f"mtp.{name}.weight"] + 1.0  # zero-centred, as the model's own norms
-        self.final_norm = tm.model.norm  # the verifier's own (mlx_lm shifted it when it loaded)
+        self.pre_fc_norm_embedding, self.pre_fc_norm_hidden, self.norm = (
+            nn.RMSNorm(H, eps=eps) for _ in _NORMS
+        )
+        self.layers = [type(tm.model.layers[fa])(tm.args, fa)]
+
+    @classmethod
+    def load(
+        cls, model: nn.Module, weights: Mapping[str, mx.array], quantization: Mapping[str, Any] | None
+    ) -> _Mtp:
+        """Built for `model` and given `weights` (strict: every tensor, no more), quantized first where
+        `quantization` (mlx's config: group_size, bits, mode, per-module overrides) and the weights say."""
+        m = cls(model)
+        if quantization:
+
+            def which(path: str, _: nn.Module) -> bool | dict[str, Any]:
+                own = quantization.get(path)
+                return own if isinstance(own, dict) else f"{path}.scales" in weights
+
+            nn.quantize(m, group_size=quantization["group_size"], bits=quantization["bits"],
+                        mode=quantization.get("mode", "affine"), class_predicate=which)  # fmt: skip
+        try:
+            m.load_weights(list(weights.items()), strict=True)
+        except ValueError as e:  # another model's layer: mlx names the tensors that do not fit
+            raise ValueError(f"the MTP weights do not fit this model's full-attention layer: {e}") from None
+        return m
+
+
+class _Net(nn.Module):
+    def __init__(self, model: nn.Module, mtp: _Mtp) -> None:
+        super().__init__()
+        self.mtp = mtp
+        self.final_norm = text_model(
+            model
+        ).model.norm  # the verifier's own (mlx_lm shifted it when it loaded)
         self.head = _head_fn(model, None)  # the verifier's LM head (a function: not a parameter here)
 
     def fuse(self, features: mx.array) -> mx.array:
@@ -82,9 +138,12 @@ class _Net(nn.Module):
 
     def rows(self, cache: _KV, emb: mx.array, hidden: mx.array) -> mx.array:
         """New rows after the cache's: embeddings, hidden states [T, H] -> outputs [T, H] (post-normed)."""
-        x = self.fc(mx.concatenate([self.enorm(emb), self.hnorm(hidden.astype(emb.dtype))], -1))[None]
+        m = self.mtp
+        x = m.fc(
+            mx.concatenate([m.pre_fc_norm_embedding(emb), m.pre_fc_norm_hidden(hidden.astype(emb.dtype))], -1)
+        )
         mask = "causal" if emb.shape[0] > 1 else None
-        return self.post(self.layer(x, mask=mask, cache=cache.kv))[0]
+        return m.norm(m.layers[0](x[None], mask=mask, cache=cache.kv))[0]
 
     def readout(self, out: mx.array) -> tuple[mx.array, mx.array]:
         return self.head(out), out  # the layer's post norm is in `out` already
@@ -112,36 +171,60 @@ class _KV:
 
 
 class MLXMtpDrafter(MLXChainProposals):
-    """The MTP layer as a chain drafter beside an `MLXVerifier` (`runtime = "mlx"`)."""
+    """The MTP layer as a chain drafter beside an `MLXVerifier` (`runtime = "mlx"`): the verifier's own
+    (`--drafter mtp`, from its checkpoint folder) or, with `split` (`mtp_kind.SplitMtp`), a split folder's.
+    Built for the verifier it is bound to (again for another)."""
 
     def __init__(
-        self, verifier: Any, *, policy: DraftPolicy | None = None, block_size: int | None = None
-    ) -> None:
-        if getattr(verifier, "path", None) is None:
-            raise ValueError("--drafter mtp needs the MLX verifier's checkpoint folder (its mtp.* weights)")
-        folder = Path(verifier.path)
-        self.mtp_layers = check_mtp_folder(folder)
-        model = verifier.model
-        self.model = _Net(model, *_mtp_weights(folder))
-        mx.eval(self.model.parameters())
-        self.verifier, self.name, self.policy = verifier, "mtp", policy or DraftPolicy()
+        self, verifier: Any = None, *, policy: DraftPolicy | None = None, block_size: int | None = None,
+        split: Any = None,
+    ) -> None:  # fmt: skip
+        self.split, self.verifier = split, None
+        self.name, self.policy = "mtp", policy or DraftPolicy()
         self.block_size = block_size or MTP_BLOCK_SIZE
+        self.mtp_layers = split.layers if split is not None else 0
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+        if verifier is not None:
+            self.bind(verifier)
+
+    def _build(self, verifier: Any) -> None:
+        model = verifier.model
+        if self.split is not None:
+            check_split_fits(self.split, verifier, self.name)
+            try:
+                mtp = _Mtp.load(model, split_weights(self.split.folder), self.split.quantization)
+            except ValueError as e:
+                raise ValueError(f"drafter {self.name!r}: {e}") from None
+        else:
+            if getattr(verifier, "path", None) is None:
+                raise ValueError(
+                    "--drafter mtp needs the MLX verifier's checkpoint folder (its mtp.* weights)"
+                )
+            folder = Path(verifier.path)
+            self.mtp_layers = check_mtp_folder(folder)
+            mtp = _Mtp.load(model, checkpoint_weights(model, folder), None)
+        self.model = _Net(model, mtp)
+        mx.eval(self.model.parameters())
         H, N = verifier.hidden_size, verifier.num_layers
         self.target_layer_ids, self.feature_dim = (N - 1,), H
         self.vocab_size = self.draft_vocab_size = verifier.vocab_size
-        self.device, self.dtype = torch.device("cpu"), torch.float32
         table, scale = text_model(model).model.embed_tokens, embed_scale(model)
         self._embed = table if scale is None else (lambda i: table(i) * scale)
         self._cache = _KV()
         self._fused = mx.zeros((256, H), dtype=self.model.final_norm.weight.dtype)
         mx.eval(self._fused)
-        self.reset()
+        self.verifier = verifier
 
     def describe(self) -> dict[str, Any]:
+        where = (
+            {}
+            if self.split is None
+            else {"split_folder": str(self.split.folder), "quantization": self.split.quantization}
+        )
         return {"architecture": "mtp", "mtp_layers": self.mtp_layers, "chained_layer": 0, "runtime": "mlx",
-                **self.policy.describe()}  # fmt: skip
+                **where, **self.policy.describe()}  # fmt: skip
 
     def bind(self, verifier: Any) -> None:
         if verifier is not self.verifier:
-            raise ValueError("an MTP drafter drafts for the verifier whose layers it is (built with it)")
+            self._build(verifier)
         self.reset()

@@ -22,6 +22,7 @@ from specdec.drafting.eagle3_kind import EAGLE3_KIND
 from specdec.drafting.formats import refuse_as_drafter
 from specdec.drafting.gemma4_assistant_kind import GEMMA4_ASSISTANT_KIND
 from specdec.drafting.kind import DrafterKind
+from specdec.drafting.mtp_kind import MTP_SPLIT_KIND
 from specdec.drafting.spec import DrafterSpec
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
 
 
 #: every kind specdec reads, in the order `specdec --help` lists them
-KINDS: tuple[DrafterKind, ...] = (DFLASH_KIND, EAGLE3_KIND, GEMMA4_ASSISTANT_KIND)
+KINDS: tuple[DrafterKind, ...] = (DFLASH_KIND, EAGLE3_KIND, GEMMA4_ASSISTANT_KIND, MTP_SPLIT_KIND)
 #: the checkpoint formats, (`formats.Format.kind`, dialect), some kind reads
 READABLE = frozenset().union(*(k.formats for k in KINDS))
 
