@@ -236,6 +236,7 @@ class Packed:
     ends: list[int]
     kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     masks: dict[Any, torch.Tensor] = field(default_factory=dict)  # by the calls' shapes and the window
+    buffers: dict[Any, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # the same keys
 
 
 def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **kw: Any) -> torch.Tensor:
@@ -253,20 +254,45 @@ def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **
         (e - s, k.shape[2], end - k.shape[2], (end - k.shape[2]) % KEY_ALIGN)
         for (s, e), (k, _), end in zip(pack.spans, kv, pack.ends, strict=True)
     ]
-    Tm, Sm = max(t for t, *_ in shapes), max(o + n for _, n, _, o in shapes)
-    q = torch.stack(
-        [F.pad(query[0, :, s:e], (0, 0, 0, Tm - (e - s))) for s, e in pack.spans]
-    )  # [B, H, Tm, D]
-    k = torch.stack([F.pad(k_[0], (0, 0, o, Sm - o - n)) for (k_, _), (_, n, _, o) in zip(kv, shapes)])
-    v = torch.stack([F.pad(v_[0], (0, 0, o, Sm - o - n)) for (_, v_), (_, n, _, o) in zip(kv, shapes)])
-    mask = pack.masks.get(key := (tuple(shapes), window))
+    Tm = max(t for t, *_ in shapes)
+    Sm = -(-max(o + n for _, n, _, o in shapes) // KEY_ALIGN) * KEY_ALIGN  # whole blocks: no more padding
+    key = (tuple(shapes), window)
+    k, v = _packed_kv(pack, key, kv, shapes, Sm)
+    mask = pack.masks.get(key)
     if mask is None:  # the same for every layer of this kind whose caches are as long: once per forward
-        mask = pack.masks[key] = _packed_mask(shapes, Tm, Sm, window, q.device)
+        mask = pack.masks[key] = _packed_mask(shapes, Tm, Sm, window, k.device)
+    B, (_, H, _, D) = len(shapes), query.shape
+    if all(t == Tm for t, *_ in shapes):  # calls of one length (the usual): the rows as they lie
+        q = query[0].view(H, B, Tm, D).transpose(0, 1)  # [B, H, Tm, D]
+    else:  # rows of zeros after a shorter call's
+        q = query.new_zeros(B, H, Tm, D)
+        for b, (s, e) in enumerate(pack.spans):
+            q[b, :, : e - s] = query[0, :, s:e]
     scale = kw.get("scaling") or query.shape[-1] ** -0.5
     out = invariant_attention(q, k, v, mask, scale=scale, softcap=kw.get("softcap"))  # [B, H, Tm, D]
+    if all(t == Tm for t, *_ in shapes):
+        return out.transpose(0, 1).reshape(H, B * Tm, D).transpose(0, 1)[None].contiguous()
     return (
         torch.cat([out[b, :, :T] for b, (T, *_) in enumerate(shapes)], 1).transpose(0, 1)[None].contiguous()
     )
+
+
+def _packed_kv(
+    pack: Packed, key: Any, kv: list[tuple[torch.Tensor, torch.Tensor]], shapes: list[Any], Sm: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequences' keys and values [B, Hkv, Sm, D], each placed after its `o` masked keys: buffers of
+    zeros made once per forward for layers of this kind and written over by each (only the real keys
+    move; the padding stays zeros)."""
+    k0 = kv[0][0]
+    bufs = pack.buffers.get(key)
+    if bufs is None or bufs[0].dtype != k0.dtype:
+        shape = (len(shapes), k0.shape[1], Sm, k0.shape[3])
+        bufs = pack.buffers[key] = (k0.new_zeros(shape), k0.new_zeros(shape))
+    k, v = bufs
+    for b, ((k_, v_), (_, n, _, o)) in enumerate(zip(kv, shapes, strict=True)):
+        k[b, :, o : o + n] = k_[0]
+        v[b, :, o : o + n] = v_[0]
+    return k, v
 
 
 def _packed_mask(
