@@ -377,3 +377,32 @@ def test_ours_stays_greedy_where_transformers_use_mtp_drifts(folders):
         pytest.skip(f"transformers' use_mtp did not run here: {type(e).__name__}")
     drift = next((i for i, (a, b) in enumerate(zip(theirs, greedy)) if a != b), None)
     print(f"transformers use_mtp parts from its greedy output at token {drift}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rt", "broken"),
+    [("hf", False), ("hf", True), pytest.param("mlx", False, marks=pytest.mark.mlx)],
+    ids=["hf-walk", "hf-broken-walk", "mlx-walk"],
+)
+def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_path, monkeypatch, rt, broken):
+    """Chi-square of the first three tokens against the exact distribution (tests/test_sampling.py's
+    harness: transformers' forward of a tiny Qwen3.5 with a 6-token vocabulary, enumerated), drafts
+    sampled from the MTP layer's walk and verified by `rejection`, on the HF and the MLX verifier.
+    Negative control: a walk that reports its q rows shifted by one token must fail."""
+    from test_sampling import V as SV
+    from test_sampling import check_walk_distribution
+
+    t = tinymodels.add_mtp(tinymodels.tiny_qwen3_5(tmp_path / "t", multimodal=False, vocab=SV))
+    ref = HFVerifier(t)
+    if rt == "hf":
+        v, cls = ref, MtpDrafter
+    else:
+        pytest.importorskip("mlx_lm")
+        from specdec.drafting.mtp_mlx import MLXMtpDrafter as cls
+        from specdec.verifiers.mlx import MLXVerifier
+
+        v = MLXVerifier(t)
+    d = load_drafter("mtp", verifier=v)
+    assert isinstance(d, cls)
+    check_walk_distribution(v, d, cls, monkeypatch, broken=broken, reference=ref)
