@@ -141,6 +141,12 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(served):
         (json.dumps({**ok, "n": 2}), 400, "'n'"),
         (json.dumps({**ok, "top_p": 0}), 400, "top_p"),
         (json.dumps([1, 2]), 400, "JSON object"),
+        # fields asking for what the server does not do are refused, not silently ignored
+        (json.dumps({**ok, "logprobs": True}), 400, "'logprobs' is not supported"),
+        (json.dumps({**ok, "frequency_penalty": 0.5}), 400, "'frequency_penalty' is not supported"),
+        (json.dumps({**ok, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "'tools'"),
+        (json.dumps({**ok, "response_format": {"type": "json_object"}}), 400, "'response_format'"),
+        (json.dumps({**ok, "logit_bias": {"5": 10}}), 400, "'logit_bias'"),
     ]
     for body, status, words in cases:
         r = httpx.post(url, content=body, headers={"content-type": "application/json"})
@@ -153,6 +159,16 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(served):
         served.client().chat.completions.create(model="gpt-9", messages=MSGS)
     r = httpx.post(url, json=ok)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    asks_nothing = {"logprobs": False, "frequency_penalty": 0.0, "presence_penalty": 0, "tools": [],
+                    "response_format": {"type": "text"}, "logit_bias": {}}  # fmt: skip
+    r = httpx.post(url, json={**ok, **asks_nothing})  # what clients send by default is fine
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == _text(served, ok)
+
+
+def _text(served, body: dict) -> str:
+    return httpx.post(served.url + "/v1/chat/completions", json=body).json()["choices"][0]["message"][
+        "content"
+    ]
 
 
 def test_models_health_metrics(served):

@@ -119,6 +119,31 @@ def _checked(text: str, where: str, param: str) -> str:
         raise RequestError(str(e), param=param) from None
 
 
+#: OpenAI request fields this server does not honour, with the values that ask for nothing (accepted, as
+#: clients send them by default); any other value is refused rather than silently ignored
+UNHONOURED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+    "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "repetition_penalty": (None, 1),
+    "tools": (None, []), "functions": (None, []), "response_format": (None, {"type": "text"}),
+    "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+}  # fmt: skip
+
+
+def _unhonoured(body: dict) -> None:
+    """A RequestError for the first field of `UNHONOURED` that asks for something (tools with tool_choice
+    "none" ask for nothing)."""
+    for name, nothing in UNHONOURED.items():
+        v = body.get(name)
+        if name == "tools" and body.get("tool_choice") == "none":
+            continue
+        if v not in nothing:  # by value: 0 and 0.0, 1 and 1.0 alike
+            raise RequestError(
+                f"'{name}' is not supported by this server (plain text from the verifier's own "
+                f"distribution), got {json.dumps(v)[:60]}: leave it out",
+                param=name,
+            )
+
+
 def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams) -> Params:
     """Validate an OpenAI request body; RequestError (4xx) with the offending field otherwise."""
     if not isinstance(body, dict):
@@ -132,6 +157,7 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
             code="model_not_found",
         )
     prompt = _messages(body) if chat else _prompt(body)
+    _unhonoured(body)
     n = _number(body, "n", 1, lo=1, hi=1, integer=True)
     assert n == 1
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
