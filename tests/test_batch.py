@@ -3,9 +3,9 @@
 batch: different prompt lengths, stop tokens, sampling (greedy, seeded T > 0 with both rules), drafters
 (none, prompt lookup, corpus n-grams, DFlash on both drafter runtimes, DFlash + lookup, a draft model),
 requests joining while others decode and one cancelled mid-way, streams; on the stub and the HF verifier
-in bf16 (tiny Llama, Qwen3, Gemma 3; where this machine's bf16 verify is not batch-invariant, the batch is
-refused in one line) and the MLX verifier (tiny Llama in fp32, Qwen3 in bf16, Gemma 3 in fp32); Gemma 3's
-contexts pass its sliding window."""
+in bf16 (tiny Llama, Qwen3, Gemma 3, the hybrids Qwen3.5 and Qwen3-Next; where this machine's bf16
+verify is not batch-invariant, the batch is refused in one line) and the MLX verifier (tiny Llama in
+fp32, Qwen3 in bf16, Gemma 3 in fp32); Gemma 3's contexts pass its sliding window."""
 
 from __future__ import annotations
 
@@ -35,11 +35,15 @@ from specdec.verifiers.hf import HFVerifier
 from specdec.verifiers.hf_batch import HFBatch
 from specdec.verifiers.stub import StubVerifier
 
-MAKERS = {"llama": tinymodels.tiny_llama, "qwen3": tinymodels.tiny_qwen3, "gemma3": tinymodels.tiny_gemma3}
+MAKERS = {
+    "llama": tinymodels.tiny_llama, "qwen3": tinymodels.tiny_qwen3, "gemma3": tinymodels.tiny_gemma3,
+    "qwen3_5": tinymodels.tiny_qwen3_5, "qwen3_next": tinymodels.tiny_qwen3_next,
+}  # fmt: skip
 DRAFT_MODELS: dict[int, Path] = {}  # id(verifier) -> a draft model of its family (another seed)
 CASES = [
     ("stub", "stub", "bfloat16"),
     ("hf", "llama", "bfloat16"), ("hf", "qwen3", "bfloat16"), ("hf", "gemma3", "bfloat16"),
+    ("hf", "qwen3_5", "bfloat16"), ("hf", "qwen3_next", "bfloat16"),
     pytest.param(("mlx", "llama", "float32"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "qwen3", "bfloat16"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "gemma3", "float32"), marks=pytest.mark.mlx),
@@ -397,3 +401,48 @@ def test_a_packed_mask_that_forgets_the_window_is_refused(tmp_path, monkeypatch)
     )
     with pytest.raises(ValueError, match="rows together do not give the logits of the same calls alone"):
         batch_of(v)
+
+
+def test_a_packed_linear_attention_on_one_cache_is_refused(tmp_path, monkeypatch):
+    """Qwen3.5's Gated DeltaNet layers in a packed forward run each sequence's rows on that sequence's
+    states: one that ran every row on the first sequence's cache mixes their recurrences, and the
+    measurement refuses it (the negative control of `hf_parts.pack_linear_attention`)."""
+    import specdec.verifiers.hf_batch as hb
+    import specdec.verifiers.hf_parts as parts
+
+    def one_cache(model: torch.nn.Module) -> None:
+        for m in model.modules():
+            if (inner := getattr(m, "linear_attn", None)) is not None:
+
+                def forward(hidden_states, cache=None, attention_mask=None, _own=inner.forward, **kw):
+                    pack = parts.PACK.get()
+                    return _own(hidden_states, cache=pack.caches[0] if pack else cache, **kw)
+
+                inner.forward = forward
+
+    v = HFVerifier(tinymodels.tiny_qwen3_5(tmp_path / "q35"), dtype=torch.bfloat16)
+    if batch_or_refused(v) is None:
+        return
+    v = HFVerifier(tmp_path / "q35", dtype=torch.bfloat16)  # a model not switched yet
+    monkeypatch.setattr(hb, "pack_linear_attention", one_cache)
+    with pytest.raises(ValueError, match="rows together do not give the logits of the same calls alone"):
+        batch_of(v)
+
+
+def test_mtp_drafters_on_a_batched_qwen3_5_equal_their_solo_runs(tmp_path):
+    """The model's own MTP layers draft for each request of a batch over a Qwen3.5 (its Gated DeltaNet
+    states per sequence, rolled back per sequence): each request's tokens are its solo run's."""
+    v = HFVerifier(tinymodels.add_mtp(tinymodels.tiny_qwen3_5(tmp_path / "q35")), dtype=torch.bfloat16)
+    batch = batch_or_refused(v)
+    if batch is None:
+        return
+    prompts = [[(7 * i + j) % 250 + 5 for i in range(12 + 5 * j)] for j in range(3)]
+    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
+    cfgs = [DecodeConfig(max_new_tokens=18, block_size=4, stop_token_ids=frozenset(), sampling=sp)
+            for sp in (None, match, None)]  # fmt: skip
+    want = [generate(v, p, drafter=load_drafter("mtp", verifier=v), cfg=c).output_tokens
+            for p, c in zip(prompts, cfgs)]  # fmt: skip
+    reqs = [Request(prompt=p, cfg=c, drafter=load_drafter("mtp", verifier=batch.sequence()))
+            for p, c in zip(prompts, cfgs)]  # fmt: skip
+    assert [r.output_tokens for r in generate_many(batch, reqs)] == want
+    assert max(batch.sizes) > 1

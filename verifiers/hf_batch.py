@@ -13,9 +13,10 @@ Exact, or refused: each sequence gets bit for bit the logits its call alone gets
 not depend on the rows beside them: `HFVerifier.batch_invariant` (the linears up to `MAX_VERIFY_TOKENS`
 rows and the invariant attention, measured on the loaded model at load) and, measured here once more on
 the model, packed calls against the same calls alone (`rendezvous.solo_mismatch`). A model or machine
-where that does not hold, and models with layers the packed attention does not cover yet (KV-shared or
-linear-attention layers, attention sinks), get a one-line ValueError: their requests run one at a time.
-Sliding-window layers are packed: each sequence's rows see the window its cache layer hands back.
+where that does not hold, and models with layers the packed forward does not cover yet (KV-shared
+layers, attention sinks), get a one-line ValueError: their requests run one at a time. Sliding-window
+layers are packed: each sequence's rows see the window its cache layer hands back. Gated DeltaNet layers
+run each sequence's rows on that sequence's own states (`hf_parts.pack_linear_attention`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from typing import Any
 
 import torch
 
+from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.protocols import check_layer_ids
 from specdec.rendezvous import Member, Rendezvous, solo_mismatch
 from specdec.verifiers.hf import HFVerifier
-from specdec.verifiers.hf_parts import PACK, Packed, packed_layer
+from specdec.verifiers.hf_parts import PACK, Packed, pack_linear_attention, packed_layer
 
 __all__ = ["HFBatch", "HFSequence"]
 
@@ -57,6 +59,7 @@ class HFBatch(Rendezvous):
     def __init__(self, verifier: HFVerifier) -> None:
         super().__init__(verifier)
         self.refuse(_unsupported(verifier))
+        pack_linear_attention(verifier.model)  # a no-op for models without linear-attention layers
         self.refuse(solo_mismatch(self))
 
     def sequence(self) -> HFSequence:
@@ -75,6 +78,9 @@ class HFBatch(Rendezvous):
             pos.append(torch.arange(seq._pos, seq._pos + T))
             keep += [s + T - 1] if last_only else range(s, s + T)
             s += T
+        for seq, (tokens, *_) in group:  # linear-attention layers keep a state per position of a verify
+            for la in seq._linear:
+                la.recurrent_states_to_keep = len(tokens) if len(tokens) <= MAX_VERIFY_TOKENS else 0
         pack = Packed([seq._cache for seq, _ in group], spans, [seq._pos + len(t) for seq, (t, *_) in group])
         if len(group) == 1:  # as `HFVerifier.forward`
             cache, position_ids, keep_ = group[0][0]._cache, None, 1 if group[0][1][1] else 0
@@ -101,6 +107,7 @@ class HFBatch(Rendezvous):
             row += n
             seq._pos += b - a
             seq._since_crop += b - a
+            seq._recorded = seq._recorded + b - a if b - a <= MAX_VERIFY_TOKENS else 0
             seq._captured = {i: got[i][a:b] for i in seq._layer_ids}
         return logits
 
@@ -126,11 +133,12 @@ def _unsupported(v: HFVerifier) -> str | None:
     cfg = v.config
     if not v.batch_invariant:
         return f"its {v.dtype} verify is not batch-invariant here (measured at load)"
-    if v._linear or v._kv_shared:
-        return "its linear-attention / KV-shared layers are not packed yet"
+    if v._kv_shared:
+        return "its KV-shared layers are not packed yet"
     types = getattr(cfg, "layer_types", None) or ()
-    if any(t not in ("full_attention", "sliding_attention") for t in types):
-        return f"its {sorted(set(types) - {'full_attention', 'sliding_attention'})} layers are not packed yet"
+    known = {"full_attention", "sliding_attention", "linear_attention"}
+    if any(t not in known for t in types):
+        return f"its {sorted(set(types) - known)} layers are not packed yet"
     if any(hasattr(m, "sinks") for m in v.model.modules()):
         return "its attention sinks are not packed yet"
     return None

@@ -313,6 +313,32 @@ def _packed_mask(
     return torch.stack(masks)[:, None]
 
 
+def pack_linear_attention(model: torch.nn.Module) -> int:
+    """Let the Gated DeltaNet modules of `model` (`linear_attn`: Qwen3.5 / 3.6, Qwen3-Next) take part in a
+    packed forward: while `PACK` is set, each sequence's rows run through the module on their own, with
+    that sequence's cache (its conv and recurrent states, recorded for rollback as alone), so each gets
+    bit for bit what its call alone gets; otherwise the module runs as it is. How many were switched."""
+    n = 0
+    for m in model.modules():
+        inner = getattr(m, "linear_attn", None)
+        if inner is None or getattr(inner, "specdec_packed", False):
+            continue
+        own = inner.forward
+
+        def forward(hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None,
+                    _own: Any = own, **kw: Any) -> torch.Tensor:  # fmt: skip
+            pack = PACK.get()
+            if pack is None:
+                return _own(hidden_states, cache=cache, attention_mask=attention_mask, **kw)
+            return torch.cat(  # [1, sum T, H]
+                [_own(hidden_states[:, s:e], cache=c, **kw) for c, (s, e) in zip(pack.caches, pack.spans)], 1
+            )
+
+        inner.forward, inner.specdec_packed = forward, True
+        n += 1
+    return n
+
+
 def packed_layer(pack: Packed, layer: int) -> Any:
     """A cache layer of a packed forward: appends each sequence's rows to that sequence's own cache."""
     return _packed_layer_class()(pack, layer)
