@@ -47,6 +47,8 @@ CASES = [
     pytest.param(("mlx", "llama", "float32"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "qwen3", "bfloat16"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "gemma3", "float32"), marks=pytest.mark.mlx),
+    pytest.param(("mlx", "qwen3_5", "bfloat16"), marks=pytest.mark.mlx),
+    pytest.param(("mlx", "qwen3_next", "float32"), marks=pytest.mark.mlx),
 ]  # fmt: skip
 
 
@@ -216,7 +218,6 @@ def test_mlx_models_a_batch_cannot_run_are_one_line(tmp_path):
 
     for name, make, why in [
         ("g4", tinymodels.tiny_gemma4, "are not one plain KV cache per layer"),  # KV-shared layers
-        ("q35", tinymodels.tiny_qwen3_5, r"\['ArraysCache', 'KVCache'\] are not one plain KV cache"),
     ]:
         with pytest.raises(
             ValueError, match=f"cannot verify several sequences in one forward: its caches .*{why}"
@@ -429,10 +430,18 @@ def test_a_packed_linear_attention_on_one_cache_is_refused(tmp_path, monkeypatch
         batch_of(v)
 
 
-def test_mtp_drafters_on_a_batched_qwen3_5_equal_their_solo_runs(tmp_path):
+@pytest.mark.parametrize("rt", ["hf", pytest.param("mlx", marks=pytest.mark.mlx)])
+def test_mtp_drafters_on_a_batched_qwen3_5_equal_their_solo_runs(tmp_path, rt):
     """The model's own MTP layers draft for each request of a batch over a Qwen3.5 (its Gated DeltaNet
     states per sequence, rolled back per sequence): each request's tokens are its solo run's."""
-    v = HFVerifier(tinymodels.add_mtp(tinymodels.tiny_qwen3_5(tmp_path / "q35")), dtype=torch.bfloat16)
+    folder = tinymodels.add_mtp(tinymodels.tiny_qwen3_5(tmp_path / "q35"))
+    if rt == "hf":
+        v = HFVerifier(folder, dtype=torch.bfloat16)
+    else:
+        pytest.importorskip("mlx_lm")
+        from specdec.verifiers.mlx import MLXVerifier
+
+        v = MLXVerifier(folder, dtype="bfloat16")
     batch = batch_or_refused(v)
     if batch is None:
         return
@@ -446,3 +455,52 @@ def test_mtp_drafters_on_a_batched_qwen3_5_equal_their_solo_runs(tmp_path):
             for p, c in zip(prompts, cfgs)]  # fmt: skip
     assert [r.output_tokens for r in generate_many(batch, reqs)] == want
     assert max(batch.sizes) > 1
+
+
+@pytest.mark.mlx
+def test_an_mlx_packed_mixer_on_one_cache_is_refused(tmp_path, monkeypatch):
+    """The MLX batch's Gated DeltaNet stand-in runs each sequence's rows on that sequence's states: one
+    that ran them all on the first sequence's cache is refused by the measurement (its negative control)."""
+    pytest.importorskip("mlx_lm")
+    import mlx.core as mx
+
+    from specdec.verifiers import mlx_batch
+    from specdec.verifiers.mlx import MLXVerifier
+
+    def one_cache(self, x, mask, cache):
+        T, outs = x.shape[1], []
+        for b, (n, r) in enumerate(zip(cache.lengths, cache.recorders, strict=True)):
+            o = r(x[b : b + 1, :n], None, cache.caches[0])  # every sequence on the first one's states
+            outs.append(mx.pad(o, [(0, 0), (0, T - n), (0, 0)]) if n < T else o)
+        return mx.concatenate(outs, axis=0)
+
+    v = MLXVerifier(tinymodels.tiny_qwen3_5(tmp_path / "q35"), dtype="float32")
+    assert batch_or_refused(v) is not None  # mlx-cpu: fp32 is batch-invariant
+    monkeypatch.setattr(mlx_batch.PackedMixer, "__call__", one_cache)
+    with pytest.raises(ValueError, match="rows together do not give the logits of the same calls alone"):
+        batch_of(MLXVerifier(tmp_path / "q35", dtype="float32"))
+
+
+@pytest.mark.mlx
+def test_a_sequence_made_during_a_packed_forward_records_its_own_states(tmp_path, monkeypatch):
+    """A request that joins while other sequences' packed forward has the Gated DeltaNet mixers stood in
+    for still gets recordings of the real mixers (found at load), so its rollbacks stay exact."""
+    pytest.importorskip("mlx_lm")
+    from specdec.rendezvous import together
+    from specdec.verifiers import mlx_batch
+    from specdec.verifiers.mlx import MLXVerifier
+
+    v = MLXVerifier(tinymodels.tiny_qwen3_5(tmp_path / "q35"), dtype="float32")
+    batch = batch_of(v)
+    made, real = [], mlx_batch.PackedMixer.__call__
+
+    def call(self, x, mask, cache):
+        if not made:
+            made.append(batch.sequence())  # as a request starting on another thread would
+        return real(self, x, mask, cache)
+
+    monkeypatch.setattr(mlx_batch.PackedMixer, "__call__", call)
+    seqs = [batch.sequence() for _ in range(2)]
+    together(batch, seqs, lambda i: seqs[i].verify([5 + i, 6, 7]))
+    assert made and set(made[0]._recurrent) == set(v._recurrent) != set()
+    assert all(r.mixer is v._recurrent[i].mixer for i, r in made[0]._recurrent.items())

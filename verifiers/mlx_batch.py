@@ -16,7 +16,9 @@ caches replaced by `PackedKV`s for the forward:
 
 Exact, or refused: `MLXBatch` measures calls run together against the same calls through the verifier's
 own path (`rendezvous.solo_mismatch`) and refuses where they differ, and refuses in one line models whose
-caches are not one plain KVCache per layer (Gated DeltaNet state, KV-shared layers, rotating windows).
+caches are not one plain KVCache per layer beside Gated DeltaNet states (KV-shared layers, rotating
+windows). A Gated DeltaNet layer (Qwen3.5 / 3.6, Qwen3-Next) runs each sequence's rows through its mixer
+on their own (`PackedMixer`), recorded by that sequence's own stand-in for its rollback, as alone.
 A call alone, or longer than a group may hold (a long prefill), runs the verifier's own way.
 """
 
@@ -32,7 +34,7 @@ from specdec.kernels import MAX_VERIFY_TOKENS, TreeAttention
 from specdec.protocols import check_call
 from specdec.rendezvous import Call, Member, Rendezvous, solo_mismatch
 from specdec.verifiers.mlx import MLXVerifier
-from specdec.verifiers.mlx_cache import Tap
+from specdec.verifiers.mlx_cache import Recurrent, Tap
 
 __all__ = ["MLXBatch", "MLXSequence"]
 
@@ -43,6 +45,9 @@ class MLXSequence(Member, MLXVerifier):
     def __init__(self, batch: MLXBatch) -> None:
         self.join(batch)
         self._layer_ids = ()
+        # its own recordings of the shared Gated DeltaNet mixers, found when the model loaded (not now: a
+        # packed forward of other sequences may have stood in for them)
+        self._recurrent = {i: Recurrent(r.mixer, r.names) for i, r in batch.base._recurrent.items()}
         self.reset()
 
     def reset(self) -> None:
@@ -88,10 +93,14 @@ class MLXBatch(Rendezvous):
         ids = mx.array([call[0] + [0] * (T - len(call[0])) for _, call in group], dtype=mx.int32)  # [B, T]
         offsets = mx.array([seq._pos for seq in seqs], dtype=mx.int32)  # [B]
         caches = [
-            PackedKV([seq._cache[i] for seq in seqs], lengths, offsets) for i in range(len(seqs[0]._cache))
+            PackedStates([s._cache[i] for s in seqs], lengths, [s._recurrent[i] for s in seqs])
+            if i in self.base._recurrent
+            else PackedKV([s._cache[i] for s in seqs], lengths, offsets)
+            for i in range(len(seqs[0]._cache))
         ]
         store: dict[int, mx.array] = {}
-        with _tapped(self.base, sorted({i for seq in seqs for i in seq._layer_ids}), store):
+        taps = sorted({i for seq in seqs for i in seq._layer_ids})
+        with _mixers(self.base), _tapped(self.base, taps, store):  # the mixers first: taps wrap their layers
             logits = self.base.model(ids, cache=caches)  # [B, T, V]
         out = []
         for b, (seq, (tokens, last_only, _)) in enumerate(group):
@@ -100,6 +109,7 @@ class MLXBatch(Rendezvous):
             feats = [store[i][b, :n] for i in seq._layer_ids]  # [n, H] each
             seq._feats = mx.concatenate(feats, axis=-1) if feats else None  # [n, K*H]
             seq._pos += n
+            seq._recorded += n if seq._recurrent else 0  # each group holds at most MAX_VERIFY_TOKENS rows
         mx.eval(
             out, [s._feats for s in seqs if s._feats is not None], [c.state for s in seqs for c in s._cache]
         )
@@ -136,6 +146,49 @@ class PackedKV:
             o = attention(queries[b : b + 1, :, :n], k, v, cache=c, mask=m, **kw)  # [1, H, n, D]
             outs.append(mx.pad(o, [(0, 0), (0, 0), (0, T - n), (0, 0)]) if n < T else o)
         return mx.concatenate(outs, axis=0)
+
+
+class PackedStates:
+    """One Gated DeltaNet layer's caches during a forward of several sequences: each sequence's rows run
+    through the layer's mixer on their own, recorded by that sequence's `Recurrent` for its rollback, on
+    its own ArraysCache (`PackedMixer`)."""
+
+    def __init__(self, caches: list[Any], lengths: list[int], recorders: list[Any]) -> None:
+        self.caches, self.lengths, self.recorders = caches, lengths, recorders
+
+    def make_mask(self, N: int) -> PerSequence:
+        return PerSequence([c.make_mask(n) for c, n in zip(self.caches, self.lengths, strict=True)])
+
+
+class PackedMixer:
+    """Stands in for a Gated DeltaNet mixer (`linear_attn`) during a packed forward: x [B, T, H] -> each
+    sequence's real rows through its recorder (the mixer, recorded) on its own cache, as its call alone;
+    padded rows zero."""
+
+    def __call__(self, x: mx.array, mask: Any, cache: PackedStates) -> mx.array:
+        T, outs = x.shape[1], []
+        for b, (c, n, r) in enumerate(zip(cache.caches, cache.lengths, cache.recorders, strict=True)):
+            m = mask.parts[b] if isinstance(mask, PerSequence) else mask
+            o = r(x[b : b + 1, :n], m, c)  # [1, n, H]
+            outs.append(mx.pad(o, [(0, 0), (0, T - n), (0, 0)]) if n < T else o)
+        return mx.concatenate(outs, axis=0)
+
+
+class _mixers:
+    """The Gated DeltaNet mixers of `v`'s model stood in for by `PackedMixer`s for a packed forward."""
+
+    def __init__(self, v: MLXVerifier) -> None:
+        self.layers, self.start = v._layer_list()
+        self.ids = list(v._recurrent)
+
+    def __enter__(self) -> None:
+        self.originals = {i: self.layers[self.start + i]["linear_attn"] for i in self.ids}
+        for i in self.ids:
+            self.layers[self.start + i]["linear_attn"] = PackedMixer()
+
+    def __exit__(self, *exc: Any) -> None:
+        for i, mixer in self.originals.items():
+            self.layers[self.start + i]["linear_attn"] = mixer
 
 
 class PerSequence:
@@ -184,7 +237,10 @@ def _unsupported(v: MLXVerifier) -> str | None:
     """Why a forward of several sequences cannot run `v`'s model (None: it can; exactness is measured)."""
     if not v.batch_invariant:
         return f"its {v.dtype} verify is not batch-invariant here (measured)"
-    kinds = sorted({type(c).__name__ for c in v._cache})
+    kinds = sorted({type(c).__name__ for i, c in enumerate(v._cache) if i not in v._recurrent})
     if len(v._cache) != v.num_layers or kinds != ["KVCache"]:
-        return f"its caches {kinds} are not one plain KV cache per layer (recurrent, KV-shared or rotating)"
+        return (
+            f"its caches {kinds} are not one plain KV cache per layer beside its Gated DeltaNet states "
+            "(KV-shared or rotating)"
+        )
     return None
