@@ -50,6 +50,11 @@ class Rendezvous:
         self._waiting: dict[Any, list[Any]] = {}  # in arrival order: [tokens, last_only, result]
         self.sizes: list[int] = []  # the calls of each forward run, in order (what benchmarks read)
 
+    @property
+    def lock(self) -> threading.Condition:
+        """Held while a forward runs: what else touches the shared model takes it too."""
+        return self._cond
+
     @contextmanager
     def member(self, seq: Any) -> Iterator[None]:
         """`seq` decodes now: the others' calls wait for its next one (until it leaves, or is late by

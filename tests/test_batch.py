@@ -504,3 +504,23 @@ def test_a_sequence_made_during_a_packed_forward_records_its_own_states(tmp_path
     together(batch, seqs, lambda i: seqs[i].verify([5 + i, 6, 7]))
     assert made and set(made[0]._recurrent) == set(v._recurrent) != set()
     assert all(r.mixer is v._recurrent[i].mixer for i, r in made[0]._recurrent.items())
+
+
+@pytest.mark.mlx
+def test_an_mlx_rollback_replays_under_the_batch_lock(tmp_path, monkeypatch):
+    """A Gated DeltaNet rollback replays through the shared mixers with its recordings swapped in: it runs
+    holding the lock a packed forward holds, never beside one on another thread."""
+    pytest.importorskip("mlx_lm")
+    from specdec.verifiers.mlx import MLXVerifier
+    from specdec.verifiers.mlx_cache import Recurrent
+
+    batch = batch_of(MLXVerifier(tinymodels.tiny_qwen3_5(tmp_path / "q35"), dtype="float32"))
+    held, real = [], Recurrent.replay
+    monkeypatch.setattr(
+        Recurrent, "replay", lambda self, a: (held.append(batch.lock._is_owned()), real(self, a))
+    )
+    seq = batch.sequence()
+    seq.prefill([5, 6, 7])
+    seq.verify([8, 9, 10])
+    seq.rollback(2)
+    assert held and all(held)

@@ -54,6 +54,12 @@ class MLXSequence(Member, MLXVerifier):
         super().reset()
         self.run_ahead = False  # a queued step would run outside the batch
 
+    def rollback(self, n: int) -> None:
+        # a Gated DeltaNet replay runs the shared mixers with its recorded projections swapped in: never
+        # beside a forward of the batch (which holds this lock while it runs)
+        with self.batch.lock:
+            super().rollback(n)
+
     def _forward(
         self, tokens: Sequence[int] | mx.array, *, last_only: bool, tree: TreeAttention | None = None
     ) -> mx.array:
