@@ -66,7 +66,10 @@ def generate_many(batch: Any, requests: Sequence[Request]) -> list[PromptResult 
 
     def run(i: int, r: Request) -> None:
         try:  # a member of the batch while it decodes (`engine.decode`)
-            out[i] = generate(batch.sequence(), r.prompt, drafter=r.drafter, cfg=r.cfg, prompt_id=r.prompt_id,
+            seq = batch.sequence()
+            if r.drafter is not None:  # drafters that read the verifier (its K/V, its states) read this one
+                r.drafter.bind(seq)
+            out[i] = generate(seq, r.prompt, drafter=r.drafter, cfg=r.cfg, prompt_id=r.prompt_id,
                               cancel=r.cancel)  # fmt: skip
         except Exception as e:  # reported in its slot: one request's error does not stop the others
             out[i] = e

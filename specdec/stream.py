@@ -220,6 +220,8 @@ class StreamingEngine:
         """`block_size` None: the drafter's own; `tree`: verify a tree of drafts per step within this budget
         (`specdec.tree`; None: chains)."""
         self.verifier, self.reuse = verifier, reuse
+        if drafter is not None:  # one bound elsewhere (to the model a batch's sequence shares) reads this one
+            drafter.bind(verifier)
         self.max_context = context_limit(verifier, max_context)
         # every run's DecodeConfig is this one with the run's own limits (`specdec.engine.decode_config`)
         self._base = decode_config(drafter, block_size=block_size, tree=tree, max_context=self.max_context)

@@ -9,6 +9,7 @@ fp32, Qwen3 in bf16, Gemma 3 in fp32); Gemma 3's contexts pass its sliding windo
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import threading
@@ -38,12 +39,14 @@ from specdec.verifiers.stub import StubVerifier
 MAKERS = {
     "llama": tinymodels.tiny_llama, "qwen3": tinymodels.tiny_qwen3, "gemma3": tinymodels.tiny_gemma3,
     "qwen3_5": tinymodels.tiny_qwen3_5, "qwen3_next": tinymodels.tiny_qwen3_next,
+    "gemma4": tinymodels.tiny_gemma4, "gemma4_moe": functools.partial(tinymodels.tiny_gemma4, moe=True),
 }  # fmt: skip
 DRAFT_MODELS: dict[int, Path] = {}  # id(verifier) -> a draft model of its family (another seed)
 CASES = [
     ("stub", "stub", "bfloat16"),
     ("hf", "llama", "bfloat16"), ("hf", "qwen3", "bfloat16"), ("hf", "gemma3", "bfloat16"),
-    ("hf", "qwen3_5", "bfloat16"), ("hf", "qwen3_next", "bfloat16"),
+    ("hf", "qwen3_5", "bfloat16"), ("hf", "qwen3_next", "bfloat16"), ("hf", "gemma4", "bfloat16"),
+    ("hf", "gemma4_moe", "bfloat16"),
     pytest.param(("mlx", "llama", "float32"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "qwen3", "bfloat16"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "gemma3", "float32"), marks=pytest.mark.mlx),
@@ -195,9 +198,9 @@ def test_a_cancelled_request_leaves_the_others_alone(verifier):
 
 
 def test_models_a_batch_cannot_pack_are_one_line(tmp_path):
-    g4 = HFVerifier(tinymodels.tiny_gemma4(tmp_path / "g4"), dtype=torch.bfloat16)
+    oss = HFVerifier(tinymodels.tiny_gpt_oss(tmp_path / "oss"), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="cannot verify several sequences in one forward"):
-        HFBatch(g4)
+        HFBatch(oss)  # attention sinks
     fp32 = HFVerifier(tinymodels.tiny_llama(tmp_path / "llama"))
     with pytest.raises(ValueError, match="float32 verify is not batch-invariant here"):
         HFBatch(fp32)
@@ -524,3 +527,48 @@ def test_an_mlx_rollback_replays_under_the_batch_lock(tmp_path, monkeypatch):
     seq.verify([8, 9, 10])
     seq.rollback(2)
     assert held and all(held)
+
+
+def test_gemma4_assistants_on_a_batched_gemma4_equal_their_solo_runs(tmp_path):
+    """Google's Gemma-4 assistant drafters read the verifier's own K/V (`SharedKV`): on sequences of a
+    batch over a Gemma 4 whose last layers are KV-shared, each reads its own sequence's, and each request's
+    tokens are its solo run's, contexts past the sliding window included."""
+    W = 8
+    t = tinymodels.tiny_gemma4(tmp_path / "g4", sliding_window=W)
+    a = tinymodels.tiny_gemma4_assistant(tmp_path / "a", sliding_window=W, seed=1)
+    v = HFVerifier(t, dtype=torch.bfloat16)
+    batch = batch_or_refused(v)
+    if batch is None:
+        return
+    prompts = [[(7 * i + j) % 250 + 5 for i in range(6 + 9 * j)] for j in range(3)]
+    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
+    cfgs = [DecodeConfig(max_new_tokens=20, block_size=4, stop_token_ids=frozenset(), sampling=sp)
+            for sp in (None, match, None)]  # fmt: skip
+    want = [generate(v, p, drafter=load_drafter(str(a), verifier=v), cfg=c).output_tokens
+            for p, c in zip(prompts, cfgs)]  # fmt: skip
+    reqs = [Request(prompt=p, cfg=c, drafter=load_drafter(str(a), verifier=batch.sequence()))
+            for p, c in zip(prompts, cfgs)]  # fmt: skip
+    assert [r.output_tokens for r in generate_many(batch, reqs)] == want
+    assert max(batch.sizes) > 1
+
+
+def test_drafters_read_the_sequence_they_run_on(tmp_path):
+    """A drafter loaded against the verifier (as the docs show) and run on a sequence of its batch, by
+    `generate_many` or a `StreamingEngine`, reads that sequence: a Gemma-4 assistant reads its K/V, not
+    the verifier's (empty there, or another conversation's)."""
+    from specdec.stream import StreamingEngine
+
+    t = tinymodels.tiny_gemma4(tmp_path / "g4", sliding_window=8)
+    a = tinymodels.tiny_gemma4_assistant(tmp_path / "a", sliding_window=8, seed=1)
+    v = HFVerifier(t, dtype=torch.bfloat16)
+    batch = batch_or_refused(v)
+    if batch is None:
+        return
+    cfg = DecodeConfig(max_new_tokens=12, block_size=4, stop_token_ids=frozenset())
+    want = generate(v, [5, 6, 7, 8, 9], drafter=load_drafter(str(a), verifier=v), cfg=cfg).output_tokens
+    d = load_drafter(str(a), verifier=v)
+    (got,) = generate_many(batch, [Request(prompt=[5, 6, 7, 8, 9], cfg=cfg, drafter=d)])
+    assert got.output_tokens == want and d.verifier is not v
+    seq = batch.sequence()
+    engine = StreamingEngine(seq, load_drafter(str(a), verifier=v), block_size=4)
+    assert engine.drafter.verifier is seq

@@ -83,7 +83,10 @@ class HFBatch(Rendezvous):
                 la.recurrent_states_to_keep = len(tokens) if len(tokens) <= MAX_VERIFY_TOKENS else 0
         pack = Packed([seq._cache for seq, _ in group], spans, [seq._pos + len(t) for seq, (t, *_) in group])
         if len(group) == 1:  # as `HFVerifier.forward`
-            cache, position_ids, keep_ = group[0][0]._cache, None, 1 if group[0][1][1] else 0
+            (seq, (tokens, last_only, _)), T = group[0], len(group[0][1][0])
+            cache, position_ids, keep_ = seq._cache, None, 1 if last_only else 0
+            if self.base._kv_shared:  # indices, not an int (`HFVerifier.forward`)
+                keep_ = torch.arange(T - 1 if last_only else 0, T, device=dev)
         else:
             cache, position_ids = _packed_cache(model, pack), torch.cat(pos)[None].to(dev)
             keep_ = torch.tensor(keep, device=dev)
@@ -133,8 +136,6 @@ def _unsupported(v: HFVerifier) -> str | None:
     cfg = v.config
     if not v.batch_invariant:
         return f"its {v.dtype} verify is not batch-invariant here (measured at load)"
-    if v._kv_shared:
-        return "its KV-shared layers are not packed yet"
     types = getattr(cfg, "layer_types", None) or ()
     known = {"full_attention", "sliding_attention", "linear_attention"}
     if any(t not in known for t in types):

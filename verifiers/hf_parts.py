@@ -237,6 +237,7 @@ class Packed:
     kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     masks: dict[Any, torch.Tensor] = field(default_factory=dict)  # by the calls' shapes and the window
     buffers: dict[Any, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # the same keys
+    shared: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)  # by layer kind
 
 
 def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **kw: Any) -> torch.Tensor:
@@ -247,7 +248,7 @@ def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **
     to the longest, each row seeing its own keys causally and within the layer's window; which
     `invariant_attention` computes each real row of bit for bit as alone (measured: `hf_batch`).
     query [1, heads, sum T] -> [1, sum T, heads, D]."""
-    kv = pack.kv[module.layer_idx]
+    kv = _sequence_kv(module, pack)
     window = kw.get("sliding_window") or getattr(module, "sliding_window", None)
     # per sequence: rows T, keys S, the keys' first position, the masked keys that align it
     shapes = [
@@ -275,6 +276,19 @@ def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **
     return (
         torch.cat([out[b, :, :T] for b, (T, *_) in enumerate(shapes)], 1).transpose(0, 1)[None].contiguous()
     )
+
+
+def _sequence_kv(module: torch.nn.Module, pack: Packed) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each sequence's keys and values for `module`'s attention: what its cache layer handed back, or for
+    a KV-shared layer (Gemma 4) what the last layer of its kind that stores them for sharing handed back
+    (transformers' `shared_kv_states`, per sequence)."""
+    kind = getattr(module, "layer_type", None)
+    if getattr(module, "is_kv_shared_layer", False):
+        return pack.shared[kind]
+    kv = pack.kv[module.layer_idx]
+    if getattr(module, "store_full_length_kv", False):
+        pack.shared[kind] = kv
+    return kv
 
 
 def _packed_kv(

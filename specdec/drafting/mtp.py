@@ -319,8 +319,9 @@ class MtpDrafter(ChainDrafter):
         return d
 
     def bind(self, verifier: Any) -> None:
-        if verifier is not self.verifier:
-            raise ValueError("an MTP drafter drafts for the verifier whose layers it is (built with it)")
+        if getattr(verifier, "model", None) is not self.verifier.model:  # a sequence of its batch shares it
+            raise ValueError("an MTP drafter drafts for the model whose layers it is (built with it)")
+        self.verifier = verifier
         self.embed_fn = verifier.embed_fn(device=self.device, dtype=self.dtype)
         self.reset()
 

@@ -225,6 +225,7 @@ class MLXMtpDrafter(MLXChainProposals):
                 **where, **self.policy.describe()}  # fmt: skip
 
     def bind(self, verifier: Any) -> None:
-        if verifier is not self.verifier:
+        if self.verifier is None or verifier.model is not self.verifier.model:  # built for the model once
             self._build(verifier)
+        self.verifier = verifier  # a sequence of a batch over that model, say
         self.reset()
