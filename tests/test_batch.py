@@ -433,6 +433,24 @@ def test_a_packed_linear_attention_on_one_cache_is_refused(tmp_path, monkeypatch
         batch_of(v)
 
 
+def three_requests_equal_solo(v: Any, drafter: str, *, lengths: tuple[int, ...]) -> None:
+    """Three requests (prompts of `lengths`, greedy / seeded T > 0 / greedy), each with a drafter of its own
+    loaded as `drafter` against a sequence of a batch over `v`: their tokens equal their solo runs'."""
+    batch = batch_or_refused(v)
+    if batch is None:
+        return
+    prompts = [[(7 * i + j) % 250 + 5 for i in range(n)] for j, n in enumerate(lengths)]
+    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
+    cfgs = [DecodeConfig(max_new_tokens=18, block_size=4, stop_token_ids=frozenset(), sampling=sp)
+            for sp in (None, match, None)]  # fmt: skip
+    want = [generate(v, p, drafter=load_drafter(drafter, verifier=v), cfg=c).output_tokens
+            for p, c in zip(prompts, cfgs)]  # fmt: skip
+    reqs = [Request(prompt=p, cfg=c, drafter=load_drafter(drafter, verifier=batch.sequence()))
+            for p, c in zip(prompts, cfgs)]  # fmt: skip
+    assert [r.output_tokens for r in generate_many(batch, reqs)] == want
+    assert max(batch.sizes) > 1
+
+
 @pytest.mark.parametrize("rt", ["hf", pytest.param("mlx", marks=pytest.mark.mlx)])
 def test_mtp_drafters_on_a_batched_qwen3_5_equal_their_solo_runs(tmp_path, rt):
     """The model's own MTP layers draft for each request of a batch over a Qwen3.5 (its Gated DeltaNet
@@ -445,19 +463,7 @@ def test_mtp_drafters_on_a_batched_qwen3_5_equal_their_solo_runs(tmp_path, rt):
         from specdec.verifiers.mlx import MLXVerifier
 
         v = MLXVerifier(folder, dtype="bfloat16")
-    batch = batch_or_refused(v)
-    if batch is None:
-        return
-    prompts = [[(7 * i + j) % 250 + 5 for i in range(12 + 5 * j)] for j in range(3)]
-    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
-    cfgs = [DecodeConfig(max_new_tokens=18, block_size=4, stop_token_ids=frozenset(), sampling=sp)
-            for sp in (None, match, None)]  # fmt: skip
-    want = [generate(v, p, drafter=load_drafter("mtp", verifier=v), cfg=c).output_tokens
-            for p, c in zip(prompts, cfgs)]  # fmt: skip
-    reqs = [Request(prompt=p, cfg=c, drafter=load_drafter("mtp", verifier=batch.sequence()))
-            for p, c in zip(prompts, cfgs)]  # fmt: skip
-    assert [r.output_tokens for r in generate_many(batch, reqs)] == want
-    assert max(batch.sizes) > 1
+    three_requests_equal_solo(v, "mtp", lengths=(12, 17, 22))
 
 
 @pytest.mark.mlx
@@ -536,20 +542,7 @@ def test_gemma4_assistants_on_a_batched_gemma4_equal_their_solo_runs(tmp_path):
     W = 8
     t = tinymodels.tiny_gemma4(tmp_path / "g4", sliding_window=W)
     a = tinymodels.tiny_gemma4_assistant(tmp_path / "a", sliding_window=W, seed=1)
-    v = HFVerifier(t, dtype=torch.bfloat16)
-    batch = batch_or_refused(v)
-    if batch is None:
-        return
-    prompts = [[(7 * i + j) % 250 + 5 for i in range(6 + 9 * j)] for j in range(3)]
-    match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
-    cfgs = [DecodeConfig(max_new_tokens=20, block_size=4, stop_token_ids=frozenset(), sampling=sp)
-            for sp in (None, match, None)]  # fmt: skip
-    want = [generate(v, p, drafter=load_drafter(str(a), verifier=v), cfg=c).output_tokens
-            for p, c in zip(prompts, cfgs)]  # fmt: skip
-    reqs = [Request(prompt=p, cfg=c, drafter=load_drafter(str(a), verifier=batch.sequence()))
-            for p, c in zip(prompts, cfgs)]  # fmt: skip
-    assert [r.output_tokens for r in generate_many(batch, reqs)] == want
-    assert max(batch.sizes) > 1
+    three_requests_equal_solo(HFVerifier(t, dtype=torch.bfloat16), str(a), lengths=(6, 15, 24))
 
 
 def test_drafters_read_the_sequence_they_run_on(tmp_path):
