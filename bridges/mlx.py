@@ -18,6 +18,7 @@ Contract:
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -36,6 +37,7 @@ __all__ = [
     "head_module",
     "make_embed_fn",
     "make_lm_head_fn",
+    "materialize",
     "text_model",
     "to_mlx",
     "to_torch",
@@ -54,6 +56,29 @@ UNSUPPORTED_HEAD_TYPES = frozenset(
         "granitemoehybrid", "minicpm", "minicpm3", "muse_glimmer", "muse_spark", "phi3small",
     }
 )  # fmt: skip
+
+
+def materialize(*objs: Any) -> None:
+    """Evaluate every array `objs` hold, here: an mlx model's parameters and the arrays its modules keep
+    outside them (private attributes, and those of the plain objects they hold: mlx_lm's RoPE variants
+    keep their frequencies as `_freqs`). MLX >= 0.32 keeps default streams per thread: a lazy array made
+    on the thread that loads cannot be evaluated on the thread that decodes (a server's, an app's)."""
+    mx.eval(_arrays(objs, set()))
+
+
+def _arrays(obj: Any, seen: set[int]) -> list[mx.array]:
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, mx.array):
+        return [obj]
+    if isinstance(obj, list | tuple):
+        return [a for x in obj for a in _arrays(x, seen)]
+    children = list(obj.values()) if isinstance(obj, dict) else []  # a Module is a dict of its children
+    attrs = getattr(obj, "__dict__", None)
+    if attrs is not None and (isinstance(obj, nn.Module) or type(obj).__module__.startswith("mlx_lm")):
+        children += list(attrs.values())
+    return [a for x in children for a in _arrays(x, seen)]
 
 
 def to_torch(

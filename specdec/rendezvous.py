@@ -225,7 +225,8 @@ def solo_mismatch(batch: Any) -> str | None:
     got = together(batch, seqs, verify)
     for i in range(2):
         if isinstance(got[i], Exception):
-            return f"its forward of several sequences fails ({type(got[i]).__name__}: {got[i]})"
+            why = " ".join(str(got[i]).split())[:200]  # one line, whatever the runtime's message
+            return f"its forward of several sequences fails ({type(got[i]).__name__}: {why})"
         if not torch.equal(got[i], solo[i]):
             dtype = getattr(batch.base, "dtype", "?")
             return (

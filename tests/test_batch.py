@@ -52,6 +52,8 @@ CASES = [
     pytest.param(("mlx", "gemma3", "float32"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "qwen3_5", "bfloat16"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "qwen3_next", "float32"), marks=pytest.mark.mlx),
+    pytest.param(("mlx", "gemma4", "bfloat16"), marks=pytest.mark.mlx),
+    pytest.param(("mlx", "gemma4_moe", "float32"), marks=pytest.mark.mlx),  # mlx-cpu's MoE: fp32 only
 ]  # fmt: skip
 
 
@@ -215,17 +217,24 @@ def test_models_a_batch_cannot_pack_are_one_line(tmp_path):
 
 
 @pytest.mark.mlx
-def test_mlx_models_a_batch_cannot_run_are_one_line(tmp_path):
+def test_mlx_models_a_batch_cannot_run_are_one_line(tmp_path, monkeypatch):
+    """A cache the packed forward does not cover (a rotating window, as mlx_lm makes for sliding layers of
+    architectures the verifier does not widen) is refused in one line, before any request."""
     pytest.importorskip("mlx_lm")
+    from mlx_lm.models.cache import RotatingKVCache
+
     from specdec.verifiers.mlx import MLXVerifier
 
-    for name, make, why in [
-        ("g4", tinymodels.tiny_gemma4, "are not one plain KV cache per layer"),  # KV-shared layers
-    ]:
-        with pytest.raises(
-            ValueError, match=f"cannot verify several sequences in one forward: its caches .*{why}"
-        ):
-            batch_of(MLXVerifier(make(tmp_path / name), dtype="float32"))
+    v = MLXVerifier(tinymodels.tiny_gemma3(tmp_path / "g3"), dtype="float32")
+    made = MLXVerifier._make_cache
+    monkeypatch.setattr(
+        MLXVerifier, "_make_cache", lambda self: [RotatingKVCache(max_size=16), *made(self)[1:]]
+    )
+    v.reset()
+    with pytest.raises(
+        ValueError, match=r"cannot verify several sequences in one forward: its caches .*rotating"
+    ):
+        batch_of(v)
 
 
 def test_a_packed_attention_that_parts_from_solo_is_refused(verifier, monkeypatch):
@@ -433,9 +442,12 @@ def test_a_packed_linear_attention_on_one_cache_is_refused(tmp_path, monkeypatch
         batch_of(v)
 
 
-def three_requests_equal_solo(v: Any, drafter: str, *, lengths: tuple[int, ...]) -> None:
+def three_requests_equal_solo(
+    v: Any, drafter: str, *, lengths: tuple[int, ...], runtime: str = "torch"
+) -> None:
     """Three requests (prompts of `lengths`, greedy / seeded T > 0 / greedy), each with a drafter of its own
-    loaded as `drafter` against a sequence of a batch over `v`: their tokens equal their solo runs'."""
+    loaded as `drafter` (in drafter runtime `runtime`) against a sequence of a batch over `v`: their tokens
+    equal their solo runs'."""
     batch = batch_or_refused(v)
     if batch is None:
         return
@@ -443,10 +455,12 @@ def three_requests_equal_solo(v: Any, drafter: str, *, lengths: tuple[int, ...])
     match = SamplingParams(temperature=0.9, seed=4, rule="match", proposal="sample")
     cfgs = [DecodeConfig(max_new_tokens=18, block_size=4, stop_token_ids=frozenset(), sampling=sp)
             for sp in (None, match, None)]  # fmt: skip
-    want = [generate(v, p, drafter=load_drafter(drafter, verifier=v), cfg=c).output_tokens
-            for p, c in zip(prompts, cfgs)]  # fmt: skip
-    reqs = [Request(prompt=p, cfg=c, drafter=load_drafter(drafter, verifier=batch.sequence()))
-            for p, c in zip(prompts, cfgs)]  # fmt: skip
+
+    def load(target: Any) -> Any:
+        return load_drafter(drafter, verifier=target, runtime=runtime)
+
+    want = [generate(v, p, drafter=load(v), cfg=c).output_tokens for p, c in zip(prompts, cfgs)]
+    reqs = [Request(prompt=p, cfg=c, drafter=load(batch.sequence())) for p, c in zip(prompts, cfgs)]
     assert [r.output_tokens for r in generate_many(batch, reqs)] == want
     assert max(batch.sizes) > 1
 
@@ -535,14 +549,21 @@ def test_an_mlx_rollback_replays_under_the_batch_lock(tmp_path, monkeypatch):
     assert held and all(held)
 
 
-def test_gemma4_assistants_on_a_batched_gemma4_equal_their_solo_runs(tmp_path):
+@pytest.mark.parametrize("rt", ["hf", pytest.param("mlx", marks=pytest.mark.mlx)])
+def test_gemma4_assistants_on_a_batched_gemma4_equal_their_solo_runs(tmp_path, rt):
     """Google's Gemma-4 assistant drafters read the verifier's own K/V (`SharedKV`): on sequences of a
     batch over a Gemma 4 whose last layers are KV-shared, each reads its own sequence's, and each request's
     tokens are its solo run's, contexts past the sliding window included."""
     W = 8
     t = tinymodels.tiny_gemma4(tmp_path / "g4", sliding_window=W)
     a = tinymodels.tiny_gemma4_assistant(tmp_path / "a", sliding_window=W, seed=1)
-    three_requests_equal_solo(HFVerifier(t, dtype=torch.bfloat16), str(a), lengths=(6, 15, 24))
+    if rt == "hf":
+        three_requests_equal_solo(HFVerifier(t, dtype=torch.bfloat16), str(a), lengths=(6, 15, 24))
+        return
+    pytest.importorskip("mlx_lm")
+    from specdec.verifiers.mlx import MLXVerifier
+
+    three_requests_equal_solo(MLXVerifier(t, dtype="bfloat16"), str(a), lengths=(6, 15, 24), runtime="mlx")
 
 
 def test_drafters_read_the_sequence_they_run_on(tmp_path):
@@ -565,3 +586,35 @@ def test_drafters_read_the_sequence_they_run_on(tmp_path):
     seq = batch.sequence()
     engine = StreamingEngine(seq, load_drafter(str(a), verifier=v), block_size=4)
     assert engine.drafter.verifier is seq
+
+
+@pytest.mark.mlx
+def test_an_mlx_kv_shared_layer_that_misses_its_source_is_refused(tmp_path, monkeypatch):
+    """Gemma 4's KV-shared layers attend, per sequence, over the keys their source layer handed back: a
+    packed forward that lost that link (the layer attending over the packed new rows) is refused by the
+    measurement (the negative control of `mlx_batch.FETCHED`)."""
+    pytest.importorskip("mlx_lm")
+    from specdec.verifiers import mlx_batch
+    from specdec.verifiers.mlx import MLXVerifier
+
+    folder = tinymodels.tiny_gemma4(tmp_path / "g4")
+    assert batch_or_refused(MLXVerifier(folder, dtype="float32")) is not None
+    monkeypatch.setattr(
+        mlx_batch.PackedKV,
+        "update_and_fetch",
+        lambda self, k, v: (
+            setattr(
+                self,
+                "fetched",
+                [
+                    c.update_and_fetch(k[b : b + 1, :, :n], v[b : b + 1, :, :n])
+                    for b, (c, n) in enumerate(zip(self.caches, self.lengths))
+                ],
+            ),
+            (k, v),
+        )[1],
+    )
+    lost = "rows together do not give the logits of the same calls alone|forward of several sequences fails"
+    with pytest.raises(ValueError, match=lost) as e:
+        batch_of(MLXVerifier(folder, dtype="float32"))
+    assert "\n" not in str(e.value)  # one line, whatever the runtime said

@@ -438,3 +438,35 @@ def test_replay_refuses_a_block_larger_than_its_drafters_before_the_model_loads(
     line = _one_line_error(rc, capsys.readouterr().err)
     assert "--block-size 6 exceeds drafter" in line and "block size 4" in line
     assert replay(["--verifier", "stub", "--drafter", str(folder), "--block-size", "100"]) == 2
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_moe"])
+def test_an_mlx_gemma4_loaded_on_one_thread_decodes_on_another(tmp_path: Path, family):
+    """mlx_lm's Gemma 4 keeps its proportional RoPE's frequencies as a lazy private array made when the
+    model is built; decoding on another thread (a server's worker, an app's) failed with 'There is no
+    Stream(cpu, 0) in current thread' (found as a draft model in a batch). The verifier evaluates every
+    array of the model where it loads it, parameters or not."""
+    pytest.importorskip("mlx_lm")
+    import tinymodels
+
+    from specdec.engine import DecodeConfig, generate
+    from specdec.verifiers.mlx import MLXVerifier
+
+    folder = tinymodels.tiny_gemma4(tmp_path / family, moe=family == "gemma4_moe")
+    v = MLXVerifier(folder, dtype="float32")
+    cfg = DecodeConfig(max_new_tokens=6, block_size=1)
+    got: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            got["tokens"] = generate(v, [5, 6, 7, 8], cfg=cfg).output_tokens
+        except Exception as e:  # reported by the comparison below
+            got["tokens"] = repr(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(timeout=120)
+    assert (
+        got["tokens"] == generate(MLXVerifier(folder, dtype="float32"), [5, 6, 7, 8], cfg=cfg).output_tokens
+    )

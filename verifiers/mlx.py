@@ -53,6 +53,7 @@ from specdec.bridges.mlx import (
     head_module,
     make_embed_fn,
     make_lm_head_fn,
+    materialize,
     text_model,
     to_torch,
 )
@@ -173,9 +174,10 @@ class MLXVerifier:
             if dtype not in MLX_DTYPES:
                 raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(MLX_DTYPES)}")
             cast_params(model, MLX_DTYPES[dtype], recast_quantized=recast_quantized)
-        # evaluate every parameter here: MLX >= 0.32 keeps default streams per thread, and a lazy array (a
-        # cast) made on this thread cannot be evaluated on the thread that decodes (a server's, an app's)
-        mx.eval(model.parameters())
+        # evaluate every array here: MLX >= 0.32 keeps default streams per thread, and a lazy array (a cast,
+        # a RoPE's frequencies computed in its constructor) made on this thread cannot be evaluated on the
+        # thread that decodes (a server's, an app's)
+        materialize(model)
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model, self.config, self.tokenizer = model, config, tokenizer

@@ -27,7 +27,7 @@ import mlx.nn as nn
 import numpy as np
 import torch
 
-from specdec.bridges.mlx import embed_scale, final_softcap, head_module, text_model
+from specdec.bridges.mlx import embed_scale, final_softcap, head_module, materialize, text_model
 from specdec.drafting.checkpoint import (
     SLIDING,
     WEIGHTS_NAME,
@@ -388,7 +388,7 @@ class MLXDFlashDrafter:
         check_state_dict(cfg, weights, source=str(file))  # names and shapes, as the torch drafter checks
         model = MLXDFlashModel(cfg)
         model.load_weights([(k, v.astype(MLX_DTYPES[dtype])) for k, v in weights.items()], strict=True)
-        mx.eval(model.parameters())  # evaluated here: any thread may decode (see specdec.verifiers.mlx)
+        materialize(model)  # evaluated here: any thread may decode
         d = cls(model, name=Path(path).name, policy=policy)
         d.path = str(path)
         return d

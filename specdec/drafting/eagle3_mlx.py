@@ -19,7 +19,7 @@ import mlx.nn as nn
 import numpy as np
 import torch
 
-from specdec.bridges.mlx import embed_scale, text_model
+from specdec.bridges.mlx import embed_scale, materialize, text_model
 from specdec.drafting.chain_mlx import MLXChainProposals
 from specdec.drafting.eagle3_config import Eagle3Config, check_eagle3, draft_vocab, load_eagle3_weights
 from specdec.drafting.policy import DraftPolicy
@@ -212,7 +212,7 @@ class MLXEagle3Drafter(MLXChainProposals):
         model = MLXEagle3Model(cfg)
         weights = [(k, mx.array(v.float().numpy()).astype(MLX_DTYPES[dtype])) for k, v in state.items()]
         model.load_weights(weights, strict=True)
-        mx.eval(model.parameters())
+        materialize(model)  # evaluated here: any thread may decode
         d = cls(model, name=Path(path).name, policy=policy, block_size=block_size)
         if d2t is not None:
             d.rows = mx.array(draft_vocab(cfg, d2t, where=str(path)).numpy().astype(np.int32))

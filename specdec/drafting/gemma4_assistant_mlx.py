@@ -18,7 +18,7 @@ import mlx.nn as nn
 import numpy as np
 import torch
 
-from specdec.bridges.mlx import embed_scale, text_model
+from specdec.bridges.mlx import embed_scale, materialize, text_model
 from specdec.drafting.dflash_mlx import sample_rows
 from specdec.drafting.gemma4_assistant_config import AssistantConfig, LastRow, fit_verifier, kv_window
 from specdec.drafting.policy import DraftPolicy
@@ -91,7 +91,7 @@ class MLXAssistantDrafter:
         float_type = getattr(mx, str(dtype).removeprefix("torch."))
         net.load_weights([(k, v.astype(float_type)) for k, v in weights.items()], strict=True)
         clusters = None if order is None else order.astype(mx.int32).reshape(cfg.num_centroids, -1)
-        mx.eval(net.parameters(), *(() if clusters is None else (clusters,)))
+        materialize(net, clusters)
         d = cls(net, cfg, clusters, name=Path(folder).name, policy=policy, block_size=block_size)
         d.path = str(folder)
         return d

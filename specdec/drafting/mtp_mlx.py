@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import torch
 
-from specdec.bridges.mlx import embed_scale, text_model
+from specdec.bridges.mlx import embed_scale, materialize, text_model
 from specdec.drafting.chain_mlx import MLXChainProposals
 from specdec.drafting.dflash_mlx import _head_fn
 from specdec.drafting.mtp import MTP_BLOCK_SIZE, check_mtp_folder, check_split_fits
@@ -204,7 +204,7 @@ class MLXMtpDrafter(MLXChainProposals):
             self.mtp_layers = check_mtp_folder(folder)
             mtp = _Mtp.load(model, checkpoint_weights(model, folder), None)
         self.model = _Net(model, mtp)
-        mx.eval(self.model.parameters())
+        materialize(self.model)  # the layer's RoPE too: any thread may decode
         H, N = verifier.hidden_size, verifier.num_layers
         self.target_layer_ids, self.feature_dim = (N - 1,), H
         self.vocab_size = self.draft_vocab_size = verifier.vocab_size
