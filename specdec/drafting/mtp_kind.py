@@ -1,5 +1,5 @@
 """The split MTP kind's registry entry (`registry.KINDS`): a model's MTP layers in a folder of their own, as
-mlx-vlm 0.7.10 writes them (`python -m mlx_vlm.convert --mtp`, or its `split_qwen3_5_mtp`): config.json
+mlx-vlm 0.7.10 writes them (`python -m mlx_vlm convert --mtp`, or its `split_qwen3_5_mtp`): config.json
 with `model_type` qwen3_5_mtp and the model's `text_config`, `model.safetensors` with `fc`, the three norms
 and `layers.0.*` in MLX's layout (norms shifted as the model's zero-centred ones, experts stacked),
 quantized where the conversion was (`quantization` in config.json); read by `specdec.drafting.mtp`'s
