@@ -187,8 +187,9 @@ def run_spec(args: argparse.Namespace) -> RunSpec:
     `add_drafter_args`); `specdec.api.load` checks and loads it."""
     return RunSpec(
         verifier=args.verifier, model=args.model, dtype=args.dtype, device=args.device, drafter=args.drafter,
-        drafter_runtime=args.drafter_runtime, block_size=args.block_size, min_confidence=args.min_confidence,
-        costs=args.costs, corpus=args.corpus, corpus_cut=args.corpus_cut, tree=args.tree,
+        drafter_runtime=args.drafter_runtime, block_size=args.block_size, costs=args.costs,
+        min_confidence=0.0 if args.min_confidence is None else args.min_confidence,  # None: not given
+        corpus=args.corpus, corpus_cut=args.corpus_cut, tree=args.tree,
     )  # fmt: skip
 
 

@@ -293,6 +293,10 @@ def test_max_batch_auto_is_measured_on_the_loaded_model(verifier, capsys):
         return
     assert n in (1, 2, 4, 8, 16) and "steps of 4 tokens at once" in line and "1: 1.00x" in line
     assert (batch is None) == (n == 1)
+    if verifier.runtime == "hf":  # drafts cut by cost: steps of `CUT_STEP_TOKENS`, not the whole block
+        m16 = Loaded(verifier, d, 16, verifier.dtype, "test", None)
+        _batch_size(m16, "auto", batchable=True, cut=True)
+        assert "steps of 4 tokens at once" in capsys.readouterr().err
     stub = Loaded(StubVerifier(), None, 1, "float32", "test", None)
     assert _batch_size(stub, "auto", batchable=False) == (1, None)
     assert "max batch 1: a batch verifies chains (--tree asked for trees)" in capsys.readouterr().err

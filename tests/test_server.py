@@ -355,3 +355,21 @@ def test_max_batch_is_refused_where_it_cannot_run(capsys):
     assert "--max-batch verifies chains: drop --tree" in capsys.readouterr().err
     assert main(["serve", "--verifier", "stub", "--dtype", "float32", "--max-batch", "2", "--port", "0"]) == 2
     assert "its float32 verify is not batch-invariant here" in capsys.readouterr().err
+
+
+def test_serve_cuts_a_bundled_drafters_drafts_by_cost_on_a_cpu_unless_told():
+    """As the main job: on a CPU a bundled drafter's chains are cut where they pay (`--min-confidence
+    auto`, measured at start); a value given, another drafter, another device or trees keep theirs."""
+    import argparse
+
+    from specdec.serve.cli import _min_confidence, add_serve_args
+
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    bundled = ["--drafter", "bundled:smollm2-135m+lookup"]
+    cases = [
+        (bundled, "auto"), ([*bundled, "--min-confidence", "0.3"], 0.3), ([], 0.0),
+        ([*bundled, "--device", "mps"], 0.0), ([*bundled, "--tree", "4"], 0.0),
+    ]  # fmt: skip
+    for argv, want in cases:
+        assert _min_confidence(p.parse_args(argv)) == want, argv
