@@ -362,27 +362,39 @@ class HFVerifier:
         T = self._check_call(tokens)
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, T]
         self._captured = {}
-        keep: int | torch.Tensor = 1 if last_only else 0
-        if self._kv_shared:  # indices, not an int (see module docstring)
-            keep = torch.arange(T - 1 if last_only else 0, T, device=self.device)
-        # a verify (at most MAX_VERIFY_TOKENS) keeps one recurrent state per position in every linear-
-        # attention layer and runs the recurrence token by token, as one-token steps do; a prefill keeps
-        # none and takes transformers' chunked kernel, so a rollback cannot reach into it
-        record = T <= MAX_VERIFY_TOKENS
-        for la in self._linear:  # one state per position, the recurrence run token by token
-            la.recurrent_states_to_keep = T if record else 0
+        self._record(T)
         pos = None if tree is None else tree.positions[None]  # [1, T]
         reset = TREE.set(tree)  # read by our attention functions, on this thread only
         try:
             out = self.model(
-                input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=keep, position_ids=pos
-            )
+                input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=self._keep(T, last_only),
+                position_ids=pos,
+            )  # fmt: skip
         finally:
             TREE.reset(reset)
+        self._advance(T)
+        return out.logits[0]  # [T, V]
+
+    def _keep(self, T: int, last_only: bool) -> int | torch.Tensor:
+        """`logits_to_keep` for a call of T tokens: indices, not an int, on models with KV-shared layers (see
+        module docstring)."""
+        if self._kv_shared:
+            return torch.arange(T - 1 if last_only else 0, T, device=self.device)
+        return 1 if last_only else 0
+
+    def _record(self, T: int) -> None:
+        """Before a call of T tokens: a verify (at most MAX_VERIFY_TOKENS) keeps one recurrent state per
+        position in every linear-attention layer and runs the recurrence token by token, as one-token
+        steps do; a prefill keeps none and takes transformers' chunked kernel, so a rollback cannot reach
+        into it."""
+        for la in self._linear:
+            la.recurrent_states_to_keep = T if T <= MAX_VERIFY_TOKENS else 0
+
+    def _advance(self, T: int) -> None:
+        """After a call of T tokens: the positions cached, and how far a rollback may reach."""
         self._pos += T
         self._since_crop += T
-        self._recorded = self._recorded + T if record else 0
-        return out.logits[0]  # [T, V]
+        self._recorded = self._recorded + T if T <= MAX_VERIFY_TOKENS else 0
 
     def probe_logits(self, calls: Sequence[ProbeCall]) -> list[torch.Tensor | None]:
         """`specdec.measure`'s calls on this verifier's own cache from empty (at load; leaves it reset)."""

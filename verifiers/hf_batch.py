@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.protocols import check_layer_ids
 from specdec.rendezvous import Member, Rendezvous, solo_mismatch
 from specdec.verifiers.hf import HFVerifier
@@ -78,15 +77,12 @@ class HFBatch(Rendezvous):
             pos.append(torch.arange(seq._pos, seq._pos + T))
             keep += [s + T - 1] if last_only else range(s, s + T)
             s += T
-        for seq, (tokens, *_) in group:  # linear-attention layers keep a state per position of a verify
-            for la in seq._linear:
-                la.recurrent_states_to_keep = len(tokens) if len(tokens) <= MAX_VERIFY_TOKENS else 0
+        for seq, (tokens, *_) in group:
+            seq._record(len(tokens))
         pack = Packed([seq._cache for seq, _ in group], spans, [seq._pos + len(t) for seq, (t, *_) in group])
         if len(group) == 1:  # as `HFVerifier.forward`
-            (seq, (tokens, last_only, _)), T = group[0], len(group[0][1][0])
-            cache, position_ids, keep_ = seq._cache, None, 1 if last_only else 0
-            if self.base._kv_shared:  # indices, not an int (`HFVerifier.forward`)
-                keep_ = torch.arange(T - 1 if last_only else 0, T, device=dev)
+            seq, (tokens, last_only, _) = group[0]
+            cache, position_ids, keep_ = seq._cache, None, seq._keep(len(tokens), last_only)
         else:
             cache, position_ids = _packed_cache(model, pack), torch.cat(pos)[None].to(dev)
             keep_ = torch.tensor(keep, device=dev)
@@ -108,9 +104,7 @@ class HFBatch(Rendezvous):
             n = 1 if last_only else b - a
             logits.append(out[row : row + n])
             row += n
-            seq._pos += b - a
-            seq._since_crop += b - a
-            seq._recorded = seq._recorded + b - a if b - a <= MAX_VERIFY_TOKENS else 0
+            seq._advance(b - a)
             seq._captured = {i: got[i][a:b] for i in seq._layer_ids}
         return logits
 

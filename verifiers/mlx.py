@@ -307,6 +307,14 @@ class MLXVerifier:
         self._pos -= n
         self._recorded = 0
 
+    def _advance(self, T: int, *, recorded: bool) -> None:
+        """After a call of T tokens the recurrent layers `recorded` (or not: none before it can be undone)."""
+        self._pos += T
+        if recorded:
+            self._recorded += T
+        else:
+            self._commit()
+
     def _commit(self) -> None:
         """What the recurrent layers recorded is kept: a later rollback cannot reach into it."""
         for r in self._recurrent.values():
@@ -379,19 +387,15 @@ class MLXVerifier:
         """Append `tokens` to the cache; logits [T, V] (or [1, V] with last_only). Sets the features. With
         `tree`, `tokens` are a tree's nodes: positions by depth, each seeing the cache and its ancestors."""
         ids = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.int32)  # [T]
-        T, p0 = ids.shape[0], self._pos
-        check_call(T, p0, self.max_context)
+        T = ids.shape[0]
+        check_call(T, self._pos, self.max_context)
         store: dict[int, mx.array] = {}
         record = bool(self._recurrent) and T <= MAX_VERIFY_TOKENS
         cache = self._cache if tree is None else [TreeCache(c, tree) for c in self._cache]
         # the ropes first: they are swapped inside the decoder layers, which `_tapped` then stands in for
         with self._tree_ropes(tree), self._tapped(store, last_only=last_only, record=record):
             logits = self.model(ids[None], cache=cache)  # [1, T|1, V]
-        self._pos = p0 + T
-        if record:
-            self._recorded += T
-        else:  # a call the recurrent layers did not record: nothing before it can be undone
-            self._commit()
+        self._advance(T, recorded=record)
         # [T, K*H], layers in the order asked for
         self._feats = (
             mx.concatenate([store[i] for i in self._layer_ids], axis=-1)[0] if self._layer_ids else None

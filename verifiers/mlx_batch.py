@@ -123,8 +123,7 @@ class MLXBatch(Rendezvous):
             out.append(logits[b, n - 1 : n] if last_only else logits[b, :n])  # [1|n, V]
             feats = [store[i][b, :n] for i in seq._layer_ids]  # [n, H] each
             seq._feats = mx.concatenate(feats, axis=-1) if feats else None  # [n, K*H]
-            seq._pos += n
-            seq._recorded += n if seq._recurrent else 0  # each group holds at most MAX_VERIFY_TOKENS rows
+            seq._advance(n, recorded=bool(seq._recurrent))  # a group holds at most MAX_VERIFY_TOKENS rows
         mx.eval(
             out, [s._feats for s in seqs if s._feats is not None], [c.state for s in seqs for c in s._cache]
         )

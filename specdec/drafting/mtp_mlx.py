@@ -127,9 +127,8 @@ class _Net(nn.Module):
     def __init__(self, model: nn.Module, mtp: _Mtp) -> None:
         super().__init__()
         self.mtp = mtp
-        self.final_norm = text_model(
-            model
-        ).model.norm  # the verifier's own (mlx_lm shifted it when it loaded)
+        # the verifier's own final norm (mlx_lm shifted it when it loaded)
+        self.final_norm = text_model(model).model.norm
         self.head = _head_fn(model, None)  # the verifier's LM head (a function: not a parameter here)
 
     def fuse(self, features: mx.array) -> mx.array:
@@ -172,7 +171,7 @@ class _KV:
 
 class MLXMtpDrafter(MLXChainProposals):
     """The MTP layer as a chain drafter beside an `MLXVerifier` (`runtime = "mlx"`): the verifier's own
-    (`--drafter mtp`, from its checkpoint folder) or, with `split` (`mtp_kind.SplitMtp`), a split folder's.
+    (`--drafter mtp`, from its checkpoint folder) or, with `split` (`mtp.SplitMtp`), a split folder's.
     Built for the verifier it is bound to (again for another)."""
 
     def __init__(
@@ -204,7 +203,6 @@ class MLXMtpDrafter(MLXChainProposals):
             self.mtp_layers = check_mtp_folder(folder)
             mtp = _Mtp.load(model, checkpoint_weights(model, folder), None)
         self.model = _Net(model, mtp)
-        materialize(self.model)  # the layer's RoPE too: any thread may decode
         H, N = verifier.hidden_size, verifier.num_layers
         self.target_layer_ids, self.feature_dim = (N - 1,), H
         self.vocab_size = self.draft_vocab_size = verifier.vocab_size
@@ -212,8 +210,7 @@ class MLXMtpDrafter(MLXChainProposals):
         self._embed = table if scale is None else (lambda i: table(i) * scale)
         self._cache = _KV()
         self._fused = mx.zeros((256, H), dtype=self.model.final_norm.weight.dtype)
-        mx.eval(self._fused)
-        self.verifier = verifier
+        materialize(self.model, self._fused)  # the layer's RoPE too: any thread may decode
 
     def describe(self) -> dict[str, Any]:
         where = (
