@@ -16,16 +16,18 @@ caches replaced by `PackedKV`s for the forward:
 
 Exact, or refused: `MLXBatch` measures calls run together against the same calls through the verifier's
 own path (`rendezvous.solo_mismatch`) and refuses where they differ, and refuses in one line models whose
-caches are not one plain KVCache per layer beside Gated DeltaNet states (KV-shared layers, rotating
-windows). A Gated DeltaNet layer (Qwen3.5 / 3.6, Qwen3-Next) runs each sequence's rows through its mixer
-on their own (`PackedMixer`), recorded by that sequence's own stand-in for its rollback, as alone.
+caches are not one plain KVCache per layer beside Gated DeltaNet states (rotating windows); a KV-shared
+layer (Gemma 4) attends over the keys its source layer's `PackedKV` fetched (`FETCHED`). A Gated
+DeltaNet layer (Qwen3.5 / 3.6, Qwen3-Next) runs each sequence's rows through its mixer on their own
+(`PackedMixer`), recorded by that sequence's own stand-in for its rollback, as alone.
 A call alone, or longer than a group may hold (a long prefill), runs the verifier's own way.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -35,7 +37,7 @@ from specdec.kernels import MAX_VERIFY_TOKENS, TreeAttention
 from specdec.protocols import check_call
 from specdec.rendezvous import Call, Member, Rendezvous, solo_mismatch
 from specdec.verifiers.mlx import MLXVerifier
-from specdec.verifiers.mlx_cache import Recurrent, Tap
+from specdec.verifiers.mlx_cache import Recurrent, Tap, swapped
 
 __all__ = ["MLXBatch", "MLXSequence"]
 
@@ -190,21 +192,14 @@ class PackedMixer:
         return mx.concatenate(outs, axis=0)
 
 
-class _mixers:
+@contextmanager
+def _mixers(v: MLXVerifier) -> Iterator[None]:
     """The Gated DeltaNet mixers of `v`'s model stood in for by `PackedMixer`s for a packed forward."""
-
-    def __init__(self, v: MLXVerifier) -> None:
-        self.layers, self.start = v._layer_list()
-        self.ids = list(v._recurrent)
-
-    def __enter__(self) -> None:
-        self.originals = {i: self.layers[self.start + i]["linear_attn"] for i in self.ids}
-        for i in self.ids:
-            self.layers[self.start + i]["linear_attn"] = PackedMixer()
-
-    def __exit__(self, *exc: Any) -> None:
-        for i, mixer in self.originals.items():
-            self.layers[self.start + i]["linear_attn"] = mixer
+    layers, start = v._layer_list()
+    with ExitStack() as stack:
+        for i in v._recurrent:
+            stack.enter_context(swapped(layers[start + i], {"linear_attn": PackedMixer()}))
+        yield
 
 
 class PerSequence:
