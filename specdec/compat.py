@@ -22,6 +22,12 @@ __all__ = ["cast_params", "config_fixes", "model_classes", "transformers_layout"
 
 #: transformers' text-only model types and the mlx_lm model that reads them as its `text_config`
 _TEXT_ONLY = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+#: model types with a `text_config` that mlx_lm reads (it names gemma4_unified gemma4 itself)
+_WRAPPED = ("gemma3", "gemma4", "gemma4_unified", "qwen3_5", "qwen3_5_moe")
+#: transformers' text model types that are another's with features off, and the fields that turn them
+#: off where mlx_lm's defaults would turn them on: Gemma 4 unified (the 12B) is Gemma 4 without
+#: per-layer inputs and without the MoE block (mlx_lm's default per-layer input width is 256)
+_SUBSETS = {"gemma4_unified_text": ("gemma4_text", {"hidden_size_per_layer_input": 0})}
 
 
 def config_fixes(config: dict[str, Any]) -> dict[str, Any]:
@@ -29,12 +35,17 @@ def config_fixes(config: dict[str, Any]) -> dict[str, Any]:
     `model_config`). Without them mlx_lm silently uses its defaults (rope_theta 10000, window pattern 6,
     Gemma 4's global head_dim 512) or fails to build (Qwen3-MoE's `num_experts`). A Gemma 4 or Qwen3.5
     multimodal config gets its fixes inside `text_config`; a text-only Qwen3.5 (`qwen3_5_text`, which
-    mlx_lm has no module for) becomes the `text_config` of the multimodal type."""
+    mlx_lm has no module for) becomes the `text_config` of the multimodal type; a Gemma 4 unified text
+    config becomes the Gemma 4 text config it is a part of."""
     text = config.get("text_config")
     mtype = config.get("model_type")
-    if mtype in ("gemma4", "qwen3_5", "qwen3_5_moe") and isinstance(text, dict):
+    if mtype in _WRAPPED and isinstance(text, dict):
         inner = _flat_fixes(text)
-        return {"text_config": {**text, **inner}} if inner else {}
+        fixes = {"text_config": {**text, **inner}} if inner else {}
+        if mtype.startswith("gemma") and "vocab_size" not in config and "vocab_size" in text:
+            # mlx_lm's gemma3 / gemma4 overwrite the text vocabulary with their top-level default (262144+)
+            fixes["vocab_size"] = text["vocab_size"]
+        return fixes
     if mtype in _TEXT_ONLY:  # transformers' text-only Qwen3.5 layout: mlx_lm reads it as the outer model's
         return {"model_type": _TEXT_ONLY[mtype], "text_config": {**config, **_flat_fixes(config)}}
     return _flat_fixes(config)
@@ -44,6 +55,10 @@ def _flat_fixes(config: dict[str, Any]) -> dict[str, Any]:
     """`config_fixes` of one flat (text) config."""
     mtype = config.get("model_type")
     fixes: dict[str, Any] = {}
+    if mtype in _SUBSETS:
+        mtype, off = _SUBSETS[mtype]
+        fixes = {"model_type": mtype, **{k: v for k, v in off.items() if config.get(k) is None}}
+        config = {**config, "model_type": mtype}
     rope = config.get("rope_parameters")
     if isinstance(rope, dict):  # each field only where the config has no top-level value of its own
         per_type = {k: v for k, v in rope.items() if isinstance(v, dict)}

@@ -40,13 +40,14 @@ MAKERS = {
     "llama": tinymodels.tiny_llama, "qwen3": tinymodels.tiny_qwen3, "gemma3": tinymodels.tiny_gemma3,
     "qwen3_5": tinymodels.tiny_qwen3_5, "qwen3_next": tinymodels.tiny_qwen3_next,
     "gemma4": tinymodels.tiny_gemma4, "gemma4_moe": functools.partial(tinymodels.tiny_gemma4, moe=True),
+    "gemma4_unified": tinymodels.tiny_gemma4_unified,
 }  # fmt: skip
 DRAFT_MODELS: dict[int, Path] = {}  # id(verifier) -> a draft model of its family (another seed)
 CASES = [
     ("stub", "stub", "bfloat16"),
     ("hf", "llama", "bfloat16"), ("hf", "qwen3", "bfloat16"), ("hf", "gemma3", "bfloat16"),
     ("hf", "qwen3_5", "bfloat16"), ("hf", "qwen3_next", "bfloat16"), ("hf", "gemma4", "bfloat16"),
-    ("hf", "gemma4_moe", "bfloat16"),
+    ("hf", "gemma4_moe", "bfloat16"), ("hf", "gemma4_unified", "bfloat16"),
     pytest.param(("mlx", "llama", "float32"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "qwen3", "bfloat16"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "gemma3", "float32"), marks=pytest.mark.mlx),
@@ -54,6 +55,7 @@ CASES = [
     pytest.param(("mlx", "qwen3_next", "float32"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "gemma4", "bfloat16"), marks=pytest.mark.mlx),
     pytest.param(("mlx", "gemma4_moe", "float32"), marks=pytest.mark.mlx),  # mlx-cpu's MoE: fp32 only
+    pytest.param(("mlx", "gemma4_unified", "bfloat16"), marks=pytest.mark.mlx),
 ]  # fmt: skip
 
 

@@ -1,8 +1,11 @@
-"""Gemma 4 (dense, MoE) and Qwen3 (dense, MoE) on both verifiers (hybrids: tests/test_hybrids.py).
+"""Gemma 4 (dense, MoE, unified) and Qwen3 (dense, MoE) on both verifiers (hybrids: tests/test_hybrids.py).
 
 Tiny random folders from tests/tinymodels.py, fp32, loaded by transformers and mlx_lm alike. Gemma 4 dense
 has per-layer inputs and 2 KV-shared layers (no cache entry of their own), Gemma 4 MoE has the MoE block
-and K=V full layers; both mix sliding (window 16) and full attention and soft-cap at 30. Prompts are 40
+and K=V full layers, Gemma 4 unified (the 12B's family) neither per-layer inputs nor MoE and is saved as
+a multimodal checkpoint, as real ones are; all mix sliding (window 16) and full attention and soft-cap at
+30. Multimodal Gemma 3 / 4 checkpoints run their language model alone (tested against the whole
+model's own generation). Prompts are 40
 tokens, so every sliding window has wrapped before the first draft is verified. References are each
 runtime's own greedy generation: transformers' `generate(do_sample=False)`, mlx_lm's `generate_step`.
 """
@@ -33,8 +36,8 @@ from specdec.verifiers.mlx import MLXVerifier  # noqa: E402
 
 pytestmark = [pytest.mark.mlx, pytest.mark.hf]
 
-FAMILIES = ("gemma4", "gemma4_moe", "qwen3", "qwen3_moe")
-GEMMAS = ("gemma4", "gemma4_moe")
+FAMILIES = ("gemma4", "gemma4_moe", "gemma4_unified", "qwen3", "qwen3_moe")
+GEMMAS = ("gemma4", "gemma4_moe", "gemma4_unified")
 RUNTIMES = ("hf", "mlx")
 PLEN, N_NEW, WINDOW = 40, 32, 16
 PROMPT = [(7 * i) % 300 + 3 for i in range(PLEN)]
@@ -47,6 +50,7 @@ def paths(tmp_path_factory) -> dict[str, Path]:
     return {
         "gemma4": tinymodels.tiny_gemma4(root / "gemma4", sliding_window=WINDOW),
         "gemma4_moe": tinymodels.tiny_gemma4(root / "gemma4_moe", sliding_window=WINDOW, moe=True),
+        "gemma4_unified": tinymodels.tiny_gemma4_unified(root / "gemma4_unified", sliding_window=WINDOW),
         "qwen3": tinymodels.tiny_qwen3(root / "qwen3"),
         "qwen3_moe": tinymodels.tiny_qwen3(root / "qwen3_moe", moe=True),
     }
@@ -138,6 +142,14 @@ def test_config_fixes_for_new_families():
     assert inner["full_attention_interval"] == 4 and inner["model_type"] == "qwen3_5_text"
     outer = config_fixes(text)
     assert outer["model_type"] == "qwen3_5" and outer["text_config"]["rope_theta"] == 1e7
+    # Gemma 4 unified is mlx_lm's Gemma 4 with per-layer inputs off (its default width is 256); a
+    # multimodal Gemma keeps its text vocabulary (mlx_lm would put its own default of 262144+ there)
+    unified = {**g4, "model_type": "gemma4_unified_text", "vocab_size": 320}
+    fixes = config_fixes(unified)
+    assert fixes["model_type"] == "gemma4_text" and fixes["hidden_size_per_layer_input"] == 0
+    assert fixes["global_head_dim"] == 32
+    wrapped = config_fixes({"model_type": "gemma4_unified", "text_config": unified})
+    assert wrapped["vocab_size"] == 320 and wrapped["text_config"]["model_type"] == "gemma4_text"
 
 
 # ---- cross-runtime: logits and features ------------------------------------------------------------------
@@ -294,7 +306,8 @@ def test_embed_and_lm_head_reproduce_the_model(paths, verifiers, rt, fam):
     v = verifiers[rt, fam]
     from safetensors.torch import load_file
 
-    w = load_file(str(paths[fam] / "model.safetensors"))["model.embed_tokens.weight"]  # [V, H]
+    weights = load_file(str(paths[fam] / "model.safetensors"))
+    w = weights.get("model.embed_tokens.weight", weights.get("model.language_model.embed_tokens.weight"))
     seq = torch.tensor(PROMPT[:12])
     scale = 64**0.5 if fam in GEMMAS else 1.0  # Gemma: sqrt(hidden) in fp32 (no bf16 rounding in Gemma 4)
     torch.testing.assert_close(v.embed_fn(**KW)(seq), w[seq] * scale, rtol=1e-6, atol=1e-6)
@@ -314,6 +327,37 @@ def test_embed_and_lm_head_reproduce_the_model(paths, verifiers, rt, fam):
         assert 25.0 < big.abs().max() <= 30.0  # tanh soft-capping at 30
     else:
         assert big.abs().max() > 30.0
+
+
+# ---- multimodal checkpoints ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fam", ["gemma3", "gemma4", "gemma4_unified"])
+def test_multimodal_checkpoints_run_their_language_model(paths, tmp_path, fam):
+    """Real Gemma 3 / 4 checkpoints are vision-language models (`...ForConditionalGeneration`, the
+    language model under `model.language_model.*`), which transformers' AutoModelForCausalLM builds
+    whole. Both verifiers load the language model alone (the towers unread) and give the whole model's
+    own logits and greedy generation, speculatively too."""
+    if fam == "gemma4_unified":
+        path = paths[fam]
+    else:
+        kw = {"softcap": None} if fam == "gemma3" else {}  # as released: see tiny_gemma3
+        text = getattr(tinymodels, f"tiny_{fam}")(tmp_path / "text", sliding_window=WINDOW, **kw)
+        path = tinymodels.with_vision(tmp_path / "vision", text)
+    whole = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    assert type(whole).__name__.endswith("ForConditionalGeneration")
+    with torch.inference_mode():
+        expect = whole(torch.tensor([PROMPT])).logits[0]  # [P, V]
+    ref = parity.runtime_generate(whole, PROMPT, N_NEW)
+    hv, mv = HFVerifier(path), MLXVerifier(path)
+    assert type(hv.model).__name__.endswith("ForCausalLM")
+    assert sum(p.numel() for p in hv.model.parameters()) < sum(p.numel() for p in whole.parameters())
+    torch.testing.assert_close(_fresh_logits(hv, PROMPT), expect, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(_fresh_logits(mv, PROMPT), expect, atol=1e-4, rtol=1e-4)
+    for v in (hv, mv):
+        drafter = make_drafter("part", ref, v)
+        cfg = DecodeConfig(max_new_tokens=N_NEW, block_size=8, stop_token_ids=frozenset())
+        assert generate(v, PROMPT, drafter=drafter, cfg=cfg).output_tokens == ref, v.runtime
 
 
 # ---- public drafter configs ------------------------------------------------------------------------------

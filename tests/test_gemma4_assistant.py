@@ -27,7 +27,8 @@ from specdec.verifiers.hf import HFVerifier
 
 W = 8  # the sliding window: contexts pass it several times
 PROMPT = [(7 * i) % 250 + 5 for i in range(30)]
-KINDS = {"dense": dict(), "ordered": dict(ordered=True), "moe": dict(moe=True)}
+KINDS = {"dense": dict(), "ordered": dict(ordered=True), "moe": dict(moe=True),
+         "unified": dict(unified=True, ordered=True)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     out = {
         "target": tinymodels.tiny_gemma4(root / "target", sliding_window=W),
         "target-moe": tinymodels.tiny_gemma4(root / "target-moe", sliding_window=W, moe=True),
+        "target-unified": tinymodels.tiny_gemma4_unified(root / "target-unified", sliding_window=W),
     }
     for k, kw in KINDS.items():
         out[k] = tinymodels.tiny_gemma4_assistant(root / k, sliding_window=W, seed=1, **kw)
@@ -43,7 +45,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 
 def target_of(folders, kind: str) -> Path:
-    return folders["target-moe" if kind == "moe" else "target"]
+    return folders[f"target-{kind}" if kind in ("moe", "unified") else "target"]
 
 
 def run(v, drafter=None, *, n: int = 24, prompt=PROMPT, sampling=None):
@@ -56,10 +58,10 @@ def transformers_candidates(target: torch.nn.Module, folder: Path):
     """`ref(tokens, last, k) -> (drafts, logits [k, V])`: transformers' own candidate generator for the
     assistant in `folder`, handed the target's outputs of a fresh forward over the committed `tokens`
     (what its loop hands it after a prefill)."""
-    from transformers import Gemma4AssistantForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
     from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator
 
-    assistant = Gemma4AssistantForCausalLM.from_pretrained(folder).eval()
+    assistant = AutoModelForCausalLM.from_pretrained(folder).eval()  # gemma4_(unified_)assistant
 
     @torch.no_grad()
     def ref(tokens, last, k):

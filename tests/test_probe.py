@@ -253,8 +253,9 @@ FORMATS = {
     "speculators dspark": ({"speculators_model_type": "dspark", "speculators_config": {}},
                            "a DSpark drafter (speculators format), which specdec does not read yet"),
     "medusa": ({"medusa_num_heads": 4, "medusa_num_layers": 1}, "a Medusa drafter, which"),
+    # read now (test_gemma4_assistant.py): a folder without its text config is named as one
     "gemma4 unified assistant": ({"model_type": "gemma4_unified_assistant"},
-                                 "a Gemma-4 assistant drafter (unified format), which"),
+                                 "assistant 'gemma4-unified-assistant': config.json has no text_config"),
     # mlx-vlm's split qwen3_5_mtp folders are read now (test_mtp.py); a split without its model's config,
     # or of a family specdec does not read, is named
     "split mtp": ({"model_type": "qwen3_5_mtp"},

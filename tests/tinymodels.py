@@ -36,7 +36,9 @@ def tiny_llama(path: Path, *, seed: int = 0, tie: bool = False) -> Path:
     return _save(LlamaForCausalLM(cfg).eval(), path)
 
 
-def tiny_gemma3(path: Path, *, seed: int = 0, sliding_window: int = 16) -> Path:
+def tiny_gemma3(path: Path, *, seed: int = 0, sliding_window: int = 16, softcap: float | None = 30.0) -> Path:
+    """Gemma 3 text model. `softcap` None as released Gemma 3 configs have it (transformers' multimodal
+    Gemma 3 and mlx_lm's never soft-cap; its causal LM does where the config asks)."""
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -44,7 +46,7 @@ def tiny_gemma3(path: Path, *, seed: int = 0, sliding_window: int = 16) -> Path:
     cfg = Gemma3TextConfig(
         vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024,
-        sliding_window=sliding_window, final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1,
+        sliding_window=sliding_window, final_logit_softcapping=softcap, bos_token_id=2, eos_token_id=1,
         pad_token_id=0,
     )  # fmt: skip
     return _save(Gemma3ForCausalLM(cfg).eval(), path)
@@ -94,6 +96,59 @@ def tiny_gemma4(
     return _save(model, path)
 
 
+def tiny_gemma4_unified(path: Path, *, seed: int = 0, sliding_window: int = 16, vision: bool = True) -> Path:
+    """Gemma 4 unified (`gemma4_unified`, the 12B's family): Gemma 4 without per-layer inputs or MoE, its
+    sliding and full layers as `tiny_gemma4`'s, the last 2 KV-shared, layer scalars != 1. With `vision`
+    saved as real checkpoints are, `Gemma4UnifiedForConditionalGeneration` with a tiny encoder-free
+    vision embedder (`model.language_model.*`); else the text model alone."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    text = tf.Gemma4UnifiedTextConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, global_head_dim=32,
+        max_position_embeddings=1024, sliding_window=sliding_window, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0, num_kv_shared_layers=2,
+    )  # fmt: skip
+    if vision:
+        eyes = tf.Gemma4UnifiedVisionConfig(patch_size=4, pooling_kernel_size=2, mm_embed_dim=32,
+                                            mm_posemb_size=8, output_proj_dims=64)  # fmt: skip
+        cfg = tf.Gemma4UnifiedConfig(text_config=text, vision_config=eyes, audio_config=None)
+        model = tf.Gemma4UnifiedForConditionalGeneration(cfg).eval()
+    else:
+        model = tf.Gemma4UnifiedForCausalLM(text).eval()
+    with torch.no_grad():  # random init leaves these at 1: vary them so a formula that skips one shows
+        for layer in model.get_decoder().layers:
+            layer.layer_scalar.fill_(0.5 + torch.rand(()).item())
+    return _save(model, path)
+
+
+def with_vision(path: Path, text_path: Path) -> Path:
+    """The multimodal checkpoint of the Gemma 3 / Gemma 4 text model in `text_path`, as real ones are
+    saved (`...ForConditionalGeneration`: `model.language_model.*`, a tiny vision tower): the same
+    language model, so both folders give the same logits."""
+    import torch
+    import transformers as tf
+
+    text = tf.AutoModelForCausalLM.from_pretrained(text_path).eval()
+    cfg = text.config
+    if cfg.model_type == "gemma4_text":
+        eyes = tf.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2, head_dim=16)  # fmt: skip
+        model = tf.Gemma4ForConditionalGeneration(tf.Gemma4Config(text_config=cfg, vision_config=eyes))
+    else:
+        eyes = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
+        model = tf.Gemma3ForConditionalGeneration(tf.Gemma3Config(text_config=cfg, vision_config=eyes,
+                                                                  mm_tokens_per_image=4))  # fmt: skip
+    with torch.no_grad():
+        model.model.language_model.load_state_dict(text.model.state_dict())
+        model.lm_head.load_state_dict(text.lm_head.state_dict())
+    return _save(model.eval(), path)
+
+
 def tiny_gemma4_assistant(
     path: Path,
     *,
@@ -104,29 +159,34 @@ def tiny_gemma4_assistant(
     drafts: int | None = None,
     vocab: int = 320,
     centroids: int = 16,
+    unified: bool = False,
 ) -> Path:
     """A Gemma-4 assistant for `tiny_gemma4` (same `sliding_window` and `moe`): two KV-shared layers
     (sliding, full) of hidden 32 reading the target's K/V shapes, pre/post projections to its hidden 64,
     and with `ordered` a centroid head (`centroids` of vocab / centroids tokens each, top 4 or half of
-    them) over a random token order.
+    them) over a random token order. `unified`: a `gemma4_unified_assistant`, for `tiny_gemma4_unified`.
     `drafts`: the `num_assistant_tokens` its generation_config.json names."""
     import torch
-    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
+    import transformers as tf
 
     torch.manual_seed(seed)
     kv = dict(attention_k_eq_v=True, num_global_key_value_heads=2) if moe else {}
-    text = Gemma4TextConfig(
+    if not unified:
+        kv |= dict(hidden_size_per_layer_input=0, vocab_size_per_layer_input=0)
+    text = (tf.Gemma4UnifiedTextConfig if unified else tf.Gemma4TextConfig)(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=1, head_dim=16, global_head_dim=32, sliding_window=sliding_window,
-        layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
-        vocab_size_per_layer_input=0, num_kv_shared_layers=2, final_logit_softcapping=30.0,
-        max_position_embeddings=1024, bos_token_id=2, eos_token_id=1, pad_token_id=0, **kv,
+        layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=2,
+        final_logit_softcapping=30.0, max_position_embeddings=1024, bos_token_id=2, eos_token_id=1,
+        pad_token_id=0, **kv,
     )  # fmt: skip
-    cfg = Gemma4AssistantConfig(
+    config, cls = ((tf.Gemma4UnifiedAssistantConfig, tf.Gemma4UnifiedAssistantForCausalLM) if unified
+                   else (tf.Gemma4AssistantConfig, tf.Gemma4AssistantForCausalLM))  # fmt: skip
+    cfg = config(
         text_config=text, backbone_hidden_size=64, use_ordered_embeddings=ordered, num_centroids=centroids,
         centroid_intermediate_top_k=min(4, centroids // 2),
     )  # fmt: skip
-    model = Gemma4AssistantForCausalLM(cfg).eval()
+    model = cls(cfg).eval()
     with torch.no_grad():
         for layer in model.model.layers:
             layer.layer_scalar.fill_(0.5 + torch.rand(()).item())

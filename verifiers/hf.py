@@ -87,6 +87,26 @@ def _as_ids(value: Any) -> set[int]:
     return {int(v) for v in value}
 
 
+#: where multimodal checkpoints keep their language model's weights (transformers 5, then 4), and where
+#: its causal LM class reads them
+_TEXT_WEIGHTS = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
+                 r"^language_model\.lm_head\.": "lm_head."}  # fmt: skip
+
+
+def _text_part(config: Any) -> tuple[Any, dict[str, Any]]:
+    """(config, `from_pretrained` options) that load only the language model of a multimodal checkpoint
+    whose causal-LM class is the whole vision-language model (Gemma 3 / 4, Gemma 4 unified): the text
+    model's own causal LM on the same weights, the vision and audio towers left unread. Other configs
+    pass unchanged (Qwen3.5's causal-LM class already is its text model)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as names
+
+    text = config.get_text_config(decoder=True)
+    whole = names.get(config.model_type, "").endswith("ForConditionalGeneration")
+    if text is config or not whole or text.model_type not in names:
+        return config, {}
+    return text, {"key_mapping": _TEXT_WEIGHTS}
+
+
 def _check_layer_types(cfg: Any, name: str) -> None:
     """ValueError for a model with layers this verifier cannot roll back exactly (SSM / convolution /
     other recurrent state than Gated DeltaNet's), before any weights load."""
@@ -206,7 +226,7 @@ class HFVerifier:
         raw = read_config(path)
         if raw is not None:  # a drafter folder: transformers would build a random model from it
             refuse_as_model(path, raw)
-        config = AutoConfig.from_pretrained(path)
+        config, text_only = _text_part(AutoConfig.from_pretrained(path))
         _check_layer_types(config.get_text_config(decoder=True), path.name)  # before the weights load
         from transformers.utils import logging as hf_logging
 
@@ -214,7 +234,7 @@ class HFVerifier:
         hf_logging.set_verbosity_error()  # its load report: a missing weight is our one-line error below
         try:
             model, info = AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, config=config, output_loading_info=True
+                path, dtype=dtype, config=config, output_loading_info=True, **text_only
             )
         except ValueError as e:  # transformers' "Unrecognized configuration class ..."
             raise ValueError(

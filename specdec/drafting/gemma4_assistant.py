@@ -24,16 +24,15 @@ __all__ = ["AssistantDrafter", "load_assistant_model"]
 
 
 def load_assistant_model(folder: str | Path, *, device: Any, dtype: torch.dtype) -> Any:
-    """transformers' `Gemma4AssistantForCausalLM` of a checkpoint `read_assistant` checked, quietly, eval."""
-    from transformers import Gemma4AssistantForCausalLM
+    """transformers' `Gemma4AssistantForCausalLM` (`Gemma4UnifiedAssistantForCausalLM`: the same model over
+    the unified text layers) of a checkpoint `read_assistant` checked, quietly, eval."""
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = Gemma4AssistantForCausalLM.from_pretrained(
-            str(folder), dtype=dtype, output_loading_info=True
-        )
+        model, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, output_loading_info=True)
     finally:
         hf_logging.set_verbosity(level)
     if info["missing_keys"]:

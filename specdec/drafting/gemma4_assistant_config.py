@@ -47,6 +47,8 @@ __all__ = [
 #: no `num_assistant_tokens`: each draft costs a pass through the assistant's layers
 ASSISTANT_BLOCK_SIZE = 5
 _TYPES = ("full_attention", "sliding_attention")
+#: the verifiers' model types an assistant drafts for (unified: the 12B's family, and its assistant)
+GEMMA4_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
 
 
 #: transformers' `Gemma4TextConfig` defaults of the fields read here, for configs that leave them out
@@ -207,7 +209,7 @@ def check_assistant_target(cfg: AssistantConfig, model_type: str, text: dict[str
     """The loaded verifier's text config `text` against the assistant: a Gemma 4 whose K/V source layers
     (`kv_source_layers`) have the kinds, K/V heads and head dims the assistant's layers read. Returns
     {layer type: target layer}; one-line ValueError."""
-    if model_type not in ("gemma4", "gemma4_text"):
+    if model_type not in GEMMA4_TYPES:
         raise ValueError(f"drafter {name!r} is a Gemma-4 assistant; {model_name} is a {model_type!r} model")
     sources = kv_source_layers(text)
     for t in sorted(set(cfg.layer_types)):

@@ -40,7 +40,7 @@ def _describe(cfg: AssistantConfig) -> dict[str, Any]:
 GEMMA4_ASSISTANT_KIND = DrafterKind(
     name="gemma4-assistant",
     summary="Google's Gemma-4 assistant drafters (they attend over the verifier's own K/V)",
-    formats=frozenset({("gemma4-assistant", "")}),
+    formats=frozenset({("gemma4-assistant", ""), ("gemma4-assistant", "unified")}),
     needs="a Gemma 4 verifier's last hidden state, embeddings, K/V of its last full and sliding layers",
     runtimes=("torch", "mlx"),
     trees=False,
