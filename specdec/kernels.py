@@ -165,13 +165,15 @@ def invariant_attention(
     scale: float,
     key_start: int = 0,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention whose result for a query row does not depend on how many query rows the call holds, nor
     on how many masked keys follow its last visible one: a verify of T tokens then gives bit for bit the
     rows T one-token calls give, where the linears of the dtype do too (bf16 / fp16 on CPU; see
     `batch_invariant`). q [B, Hq, T, D]; k, v [B, Hkv, S, D] at absolute positions
-    key_start..key_start+S-1; mask bool [B or 1, 1, T, S] (True: visible) or None (all visible).
-    Returns [B, Hq, T, D].
+    key_start..key_start+S-1; mask bool [B or 1, 1, T, S] (True: visible) or None (all visible);
+    `sinks` [Hq]: one more logit per head in every row's softmax whose share is dropped (gpt-oss's
+    attention sinks; `_sink_padding`). Returns [B, Hq, T, D].
 
     Why this holds: query heads sharing a KV head are folded into the rows of one product (no K/V copies);
     the products are plain matmuls in the model dtype (row-invariant where the linears are); the keys are
@@ -186,11 +188,21 @@ def invariant_attention(
     if mask is not None:
         s = s.masked_fill(~mask[:, :, None], float("-inf"))  # mask [B, 1, T, S] -> [B, 1, 1, T, S]
     left, right = key_padding(key_start, S)
+    left += _sink_padding(sinks)
     if left or right:
         s = F.pad(s, (left, right), value=float("-inf"))
         v = F.pad(v, (0, 0, left, right))  # [B, Hkv, left+S+right, D]
+    if sinks is not None:
+        s[..., 0] = sinks.float().view(Hkv, g, 1)  # head h = j*g + r of kv head j
     p = s.softmax(-1).to(v.dtype).view(B, Hkv, g * T, -1)
     return torch.matmul(p, v).view(B, Hq, T, D)
+
+
+def _sink_padding(sinks: torch.Tensor | None) -> int:
+    """Masked keys before the first key block where there are attention sinks: a KEY_ALIGN block of its
+    own whose first lane holds the sink's logit, so every key keeps its lane and the sink enters the
+    softmax's sums at the same place in any call; its value is a zero row, its share dropped exactly."""
+    return 0 if sinks is None else KEY_ALIGN
 
 
 def key_scores(rows: torch.Tensor, k: torch.Tensor, *, scale: float, softcap: float | None) -> torch.Tensor:
@@ -316,9 +328,11 @@ class TreeAttention:
         scale: float,
         softcap: float | None = None,
         window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the nodes: q [1, Hq, T, D]; k, v [1, Hkv, ctx + T, D] (the cached keys, then the
-        nodes'). Returns [1, Hq, T, D], each row as its path verified as a chain gives it."""
+        nodes'); `sinks` as `invariant_attention`'s. Returns [1, Hq, T, D], each row as its path verified
+        as a chain gives it."""
         T, (_, Hq, _, D), Hkv = self.size, q.shape, k.shape[1]
         g, ctx, P = Hq // Hkv, k.shape[2] - T, self.path.shape[1]
         # every node against every key in one product (a score is one dot product, the same in any layout)
@@ -329,6 +343,7 @@ class TreeAttention:
         # each node's scores and values in its chain's layout: the cached keys, then its ancestors by
         # depth, padded to whole KEY_ALIGN blocks as `invariant_attention` pads a chain's
         left, right = key_padding(self.root - ctx, ctx + P)
+        left += _sink_padding(sinks)
         c0, c1 = left + ctx, left + ctx + P  # [c0, c1): the path's keys
         s = s_all.new_full((T, Hkv, g, c1 + right), float("-inf"))  # [T, Hkv, g, W]
         s[..., left:c0] = s_all[..., :ctx]
@@ -338,6 +353,8 @@ class TreeAttention:
             s[..., left:c0].masked_fill_(
                 ~self._context(ctx, window)[:, None, None], float("-inf")
             )  # slid out
+        if sinks is not None:
+            s[..., 0] = sinks.float().view(Hkv, g)
         p = s.softmax(-1).to(v.dtype)  # [T, Hkv, g, W]
         vals = v.new_empty(T, Hkv, c1 + right, D)  # one copy of the values per node
         vals[:, :, :left], vals[:, :, c1:] = 0, 0  # padding: finite, so its zero weights give exact zeros

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from drafters import RandomDrafter, ScriptedDrafter
 from parity import (
     assert_like_runtime,
@@ -31,9 +30,25 @@ from specdec.verifiers.stub import StubVerifier
 HALF = (torch.bfloat16, torch.float16)
 
 
+def _reference(q, k, v, mask, sinks):
+    """fp32 attention as transformers' eager gpt-oss computes it: a sink logit per head beside the keys'
+    scores in every row's softmax, its share dropped (None: plain attention)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = (x.float().repeat_interleave(g, 1) for x in (k, v))
+    s = (q.float() @ k.transpose(-1, -2) * 0.2).masked_fill(~mask, float("-inf"))  # [1, Hq, T, S]
+    if sinks is None:
+        return s.softmax(-1) @ v
+    sink = sinks.float().view(1, -1, 1, 1).expand(*s.shape[:3], 1)
+    return torch.cat([s, sink], -1).softmax(-1)[..., :-1] @ v
+
+
+@pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
 @pytest.mark.parametrize("dtype", HALF)
-def test_invariant_attention_rows_do_not_depend_on_the_call(dtype):
+def test_invariant_attention_rows_do_not_depend_on_the_call(dtype, sinks):
+    """A verify's rows equal one-token calls bit for bit, with
+    attention sinks too (gpt-oss), and all are the attention transformers computes, to the dtype."""
     g = torch.Generator().manual_seed(0)
+    sink = torch.randn(6, generator=g).to(dtype) * 2 if sinks else None
     for P, T, window in ((100, 8, None), (KEY_ALIGN - 3, 8, None), (250, 16, None), (200, 8, 50)):
         S = P + T
         k, v = (
@@ -47,23 +62,22 @@ def test_invariant_attention_rows_do_not_depend_on_the_call(dtype):
         if window:
             mask &= qpos[:, None] - kpos[None] < window
         block = invariant_attention(
-            q, k[:, :, start:], v[:, :, start:], mask[None, None], scale=0.2, key_start=start
+            q, k[:, :, start:], v[:, :, start:], mask[None, None], scale=0.2, key_start=start, sinks=sink
         )
         ones = []
         for t in range(T):
             lo = 0 if window is None else P + t - window + 1
             kt, vt = k[:, :, lo : P + t + 1], v[:, :, lo : P + t + 1]
-            ones.append(invariant_attention(q[:, :, t : t + 1], kt, vt, None, scale=0.2, key_start=lo))
+            ones.append(
+                invariant_attention(q[:, :, t : t + 1], kt, vt, None, scale=0.2, key_start=lo, sinks=sink)
+            )
         assert torch.equal(block, torch.cat(ones, 2)), (P, T, window)
-        ref = F.scaled_dot_product_attention(
-            q.float(),
-            k[:, :, start:].float(),
-            v[:, :, start:].float(),
-            attn_mask=mask,
-            scale=0.2,
-            enable_gqa=True,
-        )
+        ref = _reference(q, k[:, :, start:], v[:, :, start:], mask, sink)
         torch.testing.assert_close(block.float(), ref, atol=2e-2, rtol=2e-2)
+        if sinks:  # in fp32 the formula itself, to rounding
+            f32 = invariant_attention(q.float(), k[:, :, start:].float(), v[:, :, start:].float(),
+                                      mask[None, None], scale=0.2, key_start=start, sinks=sink)  # fmt: skip
+            torch.testing.assert_close(f32, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_the_self_check_here():

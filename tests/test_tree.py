@@ -109,13 +109,14 @@ def test_tree_attention_rows_equal_their_paths_as_chains():
         T = len(tree)
         q = torch.randn(1, 9, T, 64, generator=g).to(dtype)
         k, v = (torch.randn(1, 3, ctx + T, 64, generator=g).to(dtype) for _ in range(2))
-        got = TreeAttention(tree, ctx, "cpu").attend(q, k, v, scale=0.125)  # [1, 9, T, 64]
+        sinks = torch.randn(9, generator=g).to(dtype) if ctx == 200 else None  # gpt-oss's
+        got = TreeAttention(tree, ctx, "cpu").attend(q, k, v, scale=0.125, sinks=sinks)  # [1, 9, T, 64]
         for i in range(T):
             path = tree.path(i)
             keys = torch.cat([k[:, :, :ctx], k[:, :, [ctx + j for j in path]]], 2)
             vals = torch.cat([v[:, :, :ctx], v[:, :, [ctx + j for j in path]]], 2)
             want = invariant_attention(
-                q[:, :, i : i + 1], keys, vals, None, scale=0.125
+                q[:, :, i : i + 1], keys, vals, None, scale=0.125, sinks=sinks
             )  # the chain's last row
             assert torch.equal(got[:, :, i : i + 1], want), (ctx, i)
 
@@ -220,6 +221,24 @@ def test_hf_trees_equal_paths_as_chains_and_spec_equals_ar(tmp_path: Path, famil
     ours = _spec_equals_ar(v, prompt, 40)
     assert ours == runtime_generate(v.model, prompt, 40)  # transformers' own greedy generate
     _spec_equals_ar(v, prompt, 40, sampling=SamplingParams(temperature=1.0, seed=5))
+
+
+@pytest.mark.hf
+def test_hf_sink_models_verify_trees_in_bf16(tmp_path: Path):
+    """gpt-oss's attention sinks enter the tree attention as they enter a chain's (`invariant_attention`):
+    in bf16, where the HF verifier runs them in its own attention, a tree verify gives each node its path's
+    logits bit for bit and trees keep AR's output (sliding windows of 16 passed); in fp32 transformers'
+    eager attention runs them and trees are refused (test_hybrid_and_sink_models_refuse_trees)."""
+    pytest.importorskip("transformers")
+    from specdec.verifiers.hf import HFVerifier
+
+    v = HFVerifier(tiny_gpt_oss(tmp_path / "oss"), dtype=torch.bfloat16)
+    if not v.batch_invariant:
+        pytest.skip("bf16 verify is not batch-invariant on this CPU")
+    assert v.tree_exact
+    worst, same = _tree_vs_paths(v, _hf_tree, trials=4)
+    assert same, worst
+    _spec_equals_ar(v, list(range(3, 33)), 40)
 
 
 def test_dflash_trees_and_lookup_branches_are_exact(tmp_path: Path):

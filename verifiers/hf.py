@@ -161,7 +161,7 @@ class HFVerifier:
         invariant = half and cpu if invariant is None else invariant
         if onednn and cpu:
             use_cpu_linears(model)
-        switched = bool(invariant) and set_attention(model, "specdec_invariant", attend_invariant)
+        switched = bool(invariant) and set_attention(model, "specdec_invariant", attend_invariant, sinks=True)
         # ours also where it changes nothing (not on a CPU): a tree verify attends through it
         sdpa = not invariant and (onednn or not cpu) and set_attention(model, "specdec_sdpa", sdpa_gqa)
         self._own_attention = switched or sdpa  # what `check_tree` asks
@@ -336,10 +336,14 @@ class HFVerifier:
         why = None
         if self._linear:
             why = "its linear-attention (Gated DeltaNet) layers would need a tree-aware recurrent state"
-        elif any(hasattr(m, "sinks") for m in self.model.modules()):
-            why = "its attention sinks are not in the tree attention"
         elif not self._own_attention:
-            why = f"it runs {self.model.config._attn_implementation!r} attention (trees need sdpa)"
+            runs = self.model.config._attn_implementation
+            why = (
+                f"its attention sinks run in transformers' {runs!r} attention in {self.dtype} (specdec's "
+                "takes them in bf16 / fp16 on a CPU)"
+                if any(hasattr(m, "sinks") for m in self.model.modules())
+                else f"it runs {runs!r} attention (trees need sdpa)"
+            )
         elif not self.tree_exact:
             why = f"its {self.dtype} tree verify does not give its paths' logits bit for bit here (measured)"
         if why:

@@ -13,10 +13,11 @@ Exact, or refused: each sequence gets bit for bit the logits its call alone gets
 not depend on the rows beside them: `HFVerifier.batch_invariant` (the linears up to `MAX_VERIFY_TOKENS`
 rows and the invariant attention, measured on the loaded model at load) and, measured here once more on
 the model, packed calls against the same calls alone (`rendezvous.solo_mismatch`). A model or machine
-where that does not hold, and models with layers the packed forward does not cover yet (KV-shared
-layers, attention sinks), get a one-line ValueError: their requests run one at a time. Sliding-window
-layers are packed: each sequence's rows see the window its cache layer hands back. Gated DeltaNet layers
-run each sequence's rows on that sequence's own states (`hf_parts.pack_linear_attention`).
+where that does not hold, and models with layers the packed forward does not cover yet, get a one-line
+ValueError: their requests run one at a time. Sliding-window layers are packed: each sequence's rows see
+the window its cache layer hands back; KV-shared layers (Gemma 4) read each sequence's shared keys;
+attention sinks (gpt-oss) enter each row's softmax as alone. Gated DeltaNet layers run each sequence's
+rows on that sequence's own states (`hf_parts.pack_linear_attention`).
 """
 
 from __future__ import annotations
@@ -134,6 +135,4 @@ def _unsupported(v: HFVerifier) -> str | None:
     known = {"full_attention", "sliding_attention", "linear_attention"}
     if any(t not in known for t in types):
         return f"its {sorted(set(types) - known)} layers are not packed yet"
-    if any(hasattr(m, "sinks") for m in v.model.modules()):
-        return "its attention sinks are not packed yet"
     return None

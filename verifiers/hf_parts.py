@@ -88,7 +88,14 @@ def attend_invariant(
         mask = torch.ones(T, S, dtype=torch.bool, device=query.device).tril()[None, None]  # [1, 1, T, S]
     scale = kw.get("scaling") or query.shape[-1] ** -0.5
     out = invariant_attention(
-        query, key, value, mask, scale=scale, key_start=start, softcap=kw.get("softcap")
+        query,
+        key,
+        value,
+        mask,
+        scale=scale,
+        key_start=start,
+        softcap=kw.get("softcap"),
+        sinks=kw.get("s_aux"),
     )
     return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
 
@@ -108,19 +115,19 @@ def _attend_tree(
     window = kw.get("sliding_window") or getattr(module, "sliding_window", None)
     out = tree.attend(
         query, key, value, scale=kw.get("scaling") or query.shape[-1] ** -0.5, softcap=kw.get("softcap"),
-        window=window,
+        window=window, sinks=kw.get("s_aux"),
     )  # fmt: skip
     return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
 
 
-def set_attention(model: torch.nn.Module, name: str, fn: Any) -> bool:
+def set_attention(model: torch.nn.Module, name: str, fn: Any, *, sinks: bool = False) -> bool:
     """Switch a model that runs transformers' SDPA attention (or one of ours) to `fn`, registered as `name`
-    with the same masks; whether it was switched."""
-    if getattr(model.config, "_attn_implementation", None) not in (
-        "sdpa",
-        "specdec_sdpa",
-        "specdec_invariant",
-    ):
+    with the same masks; whether it was switched. `sinks`: `fn` reads attention sinks (`s_aux`), so a
+    model that runs transformers' eager attention for its sinks (gpt-oss) is switched too."""
+    ours = ("sdpa", "specdec_sdpa", "specdec_invariant")
+    impl = getattr(model.config, "_attn_implementation", None)
+    eager_sinks = sinks and impl == "eager" and any(hasattr(m, "sinks") for m in model.modules())
+    if impl not in ours and not eager_sinks:
         return False
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -270,7 +277,7 @@ def attend_packed(module: torch.nn.Module, query: torch.Tensor, pack: Packed, **
         for b, (s, e) in enumerate(pack.spans):
             q[b, :, : e - s] = query[0, :, s:e]
     scale = kw.get("scaling") or query.shape[-1] ** -0.5
-    out = invariant_attention(q, k, v, mask, scale=scale, softcap=kw.get("softcap"))  # [B, H, Tm, D]
+    out = invariant_attention(q, k, v, mask, scale=scale, softcap=kw.get("softcap"), sinks=kw.get("s_aux"))
     if all(t == Tm for t, *_ in shapes):
         return out.transpose(0, 1).reshape(H, B * Tm, D).transpose(0, 1)[None].contiguous()
     return (
