@@ -325,7 +325,8 @@ def test_split_folder_refusals(folders, tmp_path, capsys):
 def test_add_mtp_beside_an_mlx_conversion(folders, tmp_path, capsys, quantize):
     """mlx_lm's converter drops mtp.*: refused in one line naming the fix; `specdec add-mtp` copies them
     into a new file beside the conversion (nothing else in it changes, a second copy is refused), and the
-    conversion then drafts as the original checkpoint does."""
+    conversion then drafts as the original checkpoint does; a quantized one with the MTP layer quantized
+    as its own layers are: mlx-vlm's `convert --mtp -q` split of the same layers, tensor for tensor."""
     pytest.importorskip("mlx_lm")
     import hashlib
 
@@ -344,19 +345,70 @@ def test_add_mtp_beside_an_mlx_conversion(folders, tmp_path, capsys, quantize):
     after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dst.iterdir()}
     assert set(after) - set(before) == {"mtp.safetensors"} and all(after[k] == v for k, v in before.items())
     assert main(["add-mtp", str(src), str(dst)]) == 2 and "exists already" in capsys.readouterr().err
-    drafts = []
-    for folder in (dst, src):
-        v = MLXVerifier(folder)
-        d = load_drafter("mtp", verifier=v)
-        v.reset()
-        v.set_target_layers(d.target_layer_ids)
-        last = v.prefill(PROMPT)
-        d.reset()
-        d.extend(v.native_features(len(PROMPT)), PROMPT)
-        drafts.append(d.propose(last, 3))
-    assert drafts[0] == drafts[1]
     v = MLXVerifier(dst)
+    d = load_drafter("mtp", verifier=v)
+    if not quantize:  # the original checkpoint's drafts
+        ref = MLXVerifier(src)
+        want = first_drafts(ref, load_drafter("mtp", verifier=ref))
+    else:  # quantized as the model's own layers: mlx-vlm's `convert --mtp -q` split, tensor for tensor
+        pytest.importorskip("mlx_vlm")
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        assert d.describe()["quantization"] == {"group_size": 32, "bits": 8, "mode": "affine"}
+        split = split_by_mlx_vlm(src, tmp_path / "split8", bits=8)
+        theirs = mx.load(str(split / "model.safetensors"))
+        ours = dict(tree_flatten(d.model.mtp.parameters()))
+        assert set(ours) == set(theirs) and all(mx.array_equal(ours[k], theirs[k]).item() for k in ours)
+        want = first_drafts(v, load_drafter(str(split), verifier=v, runtime="mlx"))
+    assert first_drafts(v, d) == want
     assert run(v, load_drafter("mtp", verifier=v)).output_tokens == parity.mlx_lm_greedy(v, PROMPT, 24)
+
+
+def test_add_mtp_beside_a_quantized_moe_keeps_its_routers_as_the_model_does(folders, tmp_path):
+    """A 4-bit Qwen3.5-MoE conversion (mlx_lm's recipe: router gates in 8 bits, groups of 64): the MTP layer
+    copied beside it is quantized module for module as the model's own full-attention layer (mlx-vlm's
+    splitter leaves the router in float and quantizes the shared-expert gate to the default bits); the
+    output stays mlx_lm's greedy generation."""
+    pytest.importorskip("mlx_lm")
+    import shutil
+
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    from specdec.cli import main
+    from specdec.drafting.mtp_mlx import _full_attention_index
+    from specdec.verifiers.mlx import MLXVerifier
+
+    src = tinymodels.tiny_tokenizer(folders["qwen3_5_moe"])
+    fresh = MLXVerifier(src)
+    model, config = quantize_model(fresh.model, fresh.config, group_size=32, bits=4,
+                                   quant_predicate=fresh.model.quant_predicate)  # fmt: skip
+    dst = tmp_path / "q4"
+    save_model(dst, model)
+    save_config(config, dst / "config.json")
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "generation_config")):
+            shutil.copy(f, dst)
+    assert main(["add-mtp", str(src), str(dst)]) == 0
+    v = MLXVerifier(dst)
+    d = load_drafter("mtp", verifier=v)
+    assert d.describe()["quantization"] == {"group_size": 32, "bits": 4, "mode": "affine"}
+    fa = dict(v.model.language_model.model.layers[_full_attention_index(v.model)].named_modules())
+    for name, m in d.model.mtp.layers[0].named_modules():
+        if hasattr(fa.get(name), "bits"):
+            assert (m.bits, m.group_size) == (fa[name].bits, fa[name].group_size), name
+    assert d.model.mtp.layers[0].mlp.gate.bits == 8
+    assert run(v, d).output_tokens == parity.mlx_lm_greedy(v, PROMPT, 24)
+
+
+def first_drafts(v, d) -> list[int]:
+    """`d`'s first proposal of 3 after `v`'s prefill of PROMPT."""
+    v.reset()
+    v.set_target_layers(d.target_layer_ids)
+    last = v.prefill(PROMPT)
+    d.reset()
+    d.extend(v.native_features(len(PROMPT)), PROMPT)
+    return d.propose(last, 3)
 
 
 def test_ours_stays_greedy_where_transformers_use_mtp_drifts(folders):

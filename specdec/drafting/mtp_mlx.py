@@ -3,10 +3,12 @@ what it computes). mlx_lm's loaders drop the `mtp.*` weights, so they are read f
 safetensors here (an original, unconverted checkpoint, or a conversion `specdec add-mtp` gave them back)
 and put in the layout of mlx-vlm's split MTP folders (`qwen3_5_mtp`: `fc`, the three norms shifted as the
 model's zero-centred norms are, `layers.0.*` through the model's own `sanitize`: expert stacking). A split
-folder (`--drafter <folder>`, `specdec.drafting.mtp_kind`) is read as it is, quantized or not. Either way
-the layer is the MLX model's own decoder-layer class at a full-attention index. Its K/V cache is mlx_lm's
-`KVCache` (rolled back by `trim`); the verifier's final norm, embedding and LM head are its own modules. A
-proposal stays lazy until its one sync.
+folder (`--drafter <folder>`, `specdec.drafting.mtp_kind`) is read as it is, quantized or not; weights read
+from a checkpoint are quantized as the model's own layer of the same kind is where the model is quantized
+(`_quantize_like`: a 4-bit conversion gets a 4-bit MTP layer, as `mlx_vlm.convert --mtp -q` writes one).
+Either way the layer is the MLX model's own decoder-layer class at a full-attention index. Its K/V cache
+is mlx_lm's `KVCache` (rolled back by `trim`); the verifier's final norm, embedding and LM head are its own
+modules. A proposal stays lazy until its one sync.
 """
 
 from __future__ import annotations
@@ -123,6 +125,25 @@ class _Mtp(nn.Module):
         return m
 
 
+def _quantize_like(mtp: _Mtp, model: nn.Module) -> dict[str, Any] | None:
+    """Quantize the float MTP layer `mtp` as `model`'s own layer at its full-attention index is: each module
+    whose counterpart there is quantized, with that one's group size, bits and mode; `fc` (no counterpart)
+    as that layer's attention output projection. What it did ({group_size, bits, mode}), None for a model
+    that is not quantized."""
+    theirs = dict(text_model(model).model.layers[_full_attention_index(model)].named_modules())
+    o_proj = theirs.get("self_attn.o_proj")
+    if getattr(o_proj, "bits", None) is None:
+        return None
+    how = lambda m: {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}  # noqa: E731
+
+    def like(path: str, module: nn.Module) -> bool | dict[str, Any]:
+        them = o_proj if path == "fc" else theirs.get(path.removeprefix("layers.0."))
+        return how(them) if getattr(them, "bits", None) is not None else False
+
+    nn.quantize(mtp, class_predicate=like)
+    return how(o_proj)
+
+
 class _Net(nn.Module):
     def __init__(self, model: nn.Module, mtp: _Mtp) -> None:
         super().__init__()
@@ -178,7 +199,7 @@ class MLXMtpDrafter(MLXChainProposals):
         self, verifier: Any = None, *, policy: DraftPolicy | None = None, block_size: int | None = None,
         split: Any = None,
     ) -> None:  # fmt: skip
-        self.split, self.verifier = split, None
+        self.split, self.verifier, self.quantized = split, None, None
         self.name, self.policy = "mtp", policy or DraftPolicy()
         self.block_size = block_size or MTP_BLOCK_SIZE
         self.mtp_layers = split.layers if split is not None else 0
@@ -202,6 +223,7 @@ class MLXMtpDrafter(MLXChainProposals):
             folder = Path(verifier.path)
             self.mtp_layers = check_mtp_folder(folder)
             mtp = _Mtp.load(model, checkpoint_weights(model, folder), None)
+            self.quantized = _quantize_like(mtp, model)
         self.model = _Net(model, mtp)
         H, N = verifier.hidden_size, verifier.num_layers
         self.target_layer_ids, self.feature_dim = (N - 1,), H
@@ -214,7 +236,7 @@ class MLXMtpDrafter(MLXChainProposals):
 
     def describe(self) -> dict[str, Any]:
         where = (
-            {}
+            {"quantization": self.quantized}
             if self.split is None
             else {"split_folder": str(self.split.folder), "quantization": self.split.quantization}
         )
