@@ -304,6 +304,27 @@ def test_mlx_trees_equal_paths_as_chains_and_spec_equals_ar(tmp_path: Path, fami
     _spec_equals_ar(v, prompt, 40, sampling=SamplingParams(temperature=1.0, seed=5))
 
 
+@pytest.mark.mlx
+def test_mlx_sink_models_verify_trees(tmp_path: Path):
+    """gpt-oss on the MLX verifier: mlx_lm's attention takes the sinks under the tree's mask from the
+    caches (sliding windows of 16 passed); bit for bit its paths' logits, spec == AR == mlx_lm's own
+    greedy generation (fp32: mlx-cpu runs its MoE in fp32 only)."""
+    pytest.importorskip("mlx_lm")
+    from parity import mlx_lm_greedy
+
+    from specdec.verifiers.mlx import MLXVerifier
+
+    v = MLXVerifier(tiny_gpt_oss(tmp_path / "oss"), dtype="float32")
+    assert v.tree_exact
+    rows = _MLXRows(v)
+    worst, same = _tree_vs_paths(
+        rows, lambda a, t: a.forward(t.tokens, TreeAttention(t, a.v.position, "cpu")), 3
+    )
+    assert same, worst
+    prompt = list(range(3, 33))
+    assert _spec_equals_ar(v, prompt, 40) == mlx_lm_greedy(v, prompt, 40)
+
+
 # ---- compaction, rollback, reuse ---------------------------------------------------------------------------
 
 
@@ -445,10 +466,15 @@ def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("make", "why"), [(tiny_qwen3_5, "Gated DeltaNet"), (tiny_gpt_oss, "attention sinks")]
-)
-@pytest.mark.parametrize(
-    "runtime", [pytest.param("hf", marks=pytest.mark.hf), pytest.param("mlx", marks=pytest.mark.mlx)]
+    ("runtime", "make", "why"),
+    [
+        pytest.param("hf", tiny_qwen3_5, "Gated DeltaNet", marks=pytest.mark.hf),
+        pytest.param("mlx", tiny_qwen3_5, "Gated DeltaNet", marks=pytest.mark.mlx),
+        # fp32: transformers' eager attention runs the sinks (bf16: test_hf_sink_models_verify_trees_in_bf16)
+        pytest.param(
+            "hf", tiny_gpt_oss, "attention sinks run in transformers' 'eager'", marks=pytest.mark.hf
+        ),
+    ],
 )
 def test_hybrid_and_sink_models_refuse_trees(tmp_path: Path, runtime, make, why):
     if runtime == "hf":

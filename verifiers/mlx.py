@@ -439,8 +439,6 @@ class MLXVerifier:
             why = f"its caches {sorted({type(c).__name__ for c in self._cache})} are not plain KV caches"
         elif not all(isinstance(la, dict) and "rope" in la.get("self_attn", {}) for la in layers):
             why = "its decoder layers have no `self_attn.rope` to place the nodes by depth"
-        elif any("sinks" in la["self_attn"] for la in layers):
-            why = "its attention sinks are not in the tree attention"
         return why
 
     @property
