@@ -13,16 +13,9 @@ the documented fallback format). `turns=2` adds, after each two-turn record (MT-
 prompt `[user 1, assistant answer 1, user 2]` whose answer is the baseline's turn-1 output (EOS removed,
 decoded to text), measured like any other prompt; HumanEval has one turn and is unaffected.
 
-Peers, same process, same clock, run right after our two runs of each prompt:
-- runtime hf: `hf-generate` (plain greedy `model.generate`) and `hf-prompt-lookup` (`model.generate(...,
-  prompt_lookup_num_tokens=10)`, HF assisted generation);
-- runtime mlx: `mlx_lm-stream_generate` (greedy), the MLX AR reference;
-- with `--tree`: `chain`, the same drafter verifying chains (our loop), so trees and chains meet the same
-  prompts and the same AR baseline in one run.
-Their tokens are timed with a streamer (HF) or per yielded response (mlx_lm): `ttft_s` is the time to the
-first emitted chunk, `tokens_per_s` counts the tokens after that first chunk over the time from it to the
-last chunk (our convention: tokens after the first over decode time), and `e2e_tokens_per_s` is all new
-tokens over the whole call (reported for our runs too). Speedups of peers are against our AR baseline.
+Peers (`specdec.evals.peers`: the runtimes' own loops, mlx-vlm's speculative decoding, our loop with
+another drafter) run in the same process right after our two runs of each prompt; their speedups are
+against our AR baseline.
 
 Outputs in `out_dir`: `result.json` (schema-valid; `baseline` holds the AR runs; extra keys `eval` and
 `peers`), `steps.jsonl` (every step of both modes, tagged `mode`), `report.md` and PNG plots.
@@ -33,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -54,6 +47,7 @@ from specdec.chat import encode_prompt, prompt_format
 from specdec.drafting.spec import DrafterSpec
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.datasets import DATASETS, PromptRecord, load_dataset, second_turn_messages
+from specdec.evals.peers import drafter_peer, peer_runners
 from specdec.memory import max_record
 from specdec.protocols import Drafter, Verifier
 from specdec.records import (
@@ -71,9 +65,6 @@ __all__ = ["add_eval_args", "cmd_eval", "peer_runners", "run_eval"]
 OUTPUT_NAMES = ("result.json", "steps.jsonl", "report.md")
 WARMUP_MESSAGES = [{"role": "user", "content": "Count from one to ten."}]
 WARMUP_MAX_NEW_TOKENS = 16
-PROMPT_LOOKUP_NUM_TOKENS = 10
-
-PeerRun = Callable[[list[int]], dict[str, Any]]
 
 
 # ---- prompts ---------------------------------------------------------------------------------------------
@@ -83,193 +74,6 @@ def _answer_text(verifier: Verifier, result: PromptResult) -> str:
     tok = verifier.tokenizer
     assert tok is not None  # encode_prompt already needed it
     return tok.decode([t for t in result.output_tokens if t not in verifier.eos_token_ids])
-
-
-# ---- peers -----------------------------------------------------------------------------------------------
-
-
-class _TimingStreamer:
-    """HF streamer that timestamps every chunk of new tokens (the first `put` is the prompt)."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock, self.times, self.counts, self._prompt_seen = clock, [], [], False
-
-    def put(self, value: Any) -> None:
-        t = self.clock()
-        if not self._prompt_seen:
-            self._prompt_seen = True
-            return
-        self.times.append(t)
-        self.counts.append(int(value.numel()))
-
-    def end(self) -> None:
-        pass
-
-
-def _peer_figures(tokens: list[int], t0: float, times: list[float], counts: list[int], t_end: float) -> dict:
-    after_first = sum(counts[1:])
-    decode_s = times[-1] - times[0] if times else 0.0
-    return {
-        "output_tokens": tokens,
-        "n_output_tokens": len(tokens),
-        "ttft_s": times[0] - t0 if times else None,
-        "decode_s": decode_s,
-        "n_after_first": after_first,
-        "tokens_per_s": after_first / decode_s if after_first and decode_s > 0 else None,
-        "total_s": t_end - t0,
-        "e2e_tokens_per_s": len(tokens) / (t_end - t0) if tokens and t_end > t0 else None,
-    }
-
-
-def _hf_peer(verifier: Verifier, cfg: DecodeConfig, **gen_kw: Any) -> PeerRun:
-    import torch
-
-    model = verifier.model  # type: ignore[attr-defined]
-    device = next(model.parameters()).device
-    stops = sorted(cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids)
-
-    def run(ids: list[int]) -> dict[str, Any]:
-        x = torch.tensor([ids], dtype=torch.long, device=device)
-        streamer = _TimingStreamer(time.perf_counter)
-        probe = verifier.memory_probe()
-        probe.reset()
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(
-                x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=cfg.max_new_tokens,
-                eos_token_id=stops, pad_token_id=stops[0] if stops else None, streamer=streamer, **gen_kw,
-            )  # fmt: skip
-        t_end = time.perf_counter()
-        rec = _peer_figures(out[0, len(ids) :].tolist(), t0, streamer.times, streamer.counts, t_end)
-        return {**rec, "peak_memory": probe.read()}
-
-    return run
-
-
-def _mlx_peer(verifier: Verifier, cfg: DecodeConfig, **gen_kw: Any) -> PeerRun:
-    """mlx_lm's own loop; with `draft_model` / `num_draft_tokens` its speculative decoding, whose steps and
-    acceptance are counted from the responses' `from_draft`: each verify step yields its accepted drafts and
-    one token of its own (its prefill yields none), and a run cut by max_tokens may end inside a step."""
-    from mlx_lm import stream_generate
-
-    model, tok = verifier.model, verifier.tokenizer  # type: ignore[attr-defined]
-
-    def run(ids: list[int]) -> dict[str, Any]:
-        probe = verifier.memory_probe()
-        probe.reset()
-        tokens, times, own, last_drafted = [], [], 0, False
-        t0 = time.perf_counter()
-        # greedy (no sampler); the last response carries the EOS token or the max_tokens-th token
-        for r in stream_generate(model, tok, prompt=ids, max_tokens=cfg.max_new_tokens, **gen_kw):
-            times.append(time.perf_counter())
-            tokens.append(int(r.token))
-            own += not r.from_draft
-            last_drafted = bool(r.from_draft)
-        t_end = time.perf_counter()
-        rec = _peer_figures(tokens, t0, times, [1] * len(times), t_end)
-        if gen_kw.get("draft_model") is not None and tokens:
-            rec |= {"n_steps": own + last_drafted, "acceptance_sum": len(tokens)}
-        return {**rec, "peak_memory": probe.read()}
-
-    return run
-
-
-def _draft_model_peers(
-    verifier: Verifier, drafter: Drafter | None, cfg: DecodeConfig
-) -> tuple[dict[str, PeerRun], dict[str, str]]:
-    """With a draft model (`--drafter model:...`) in the verifier's runtime: the runtime's own speculative
-    decoding with the same draft model and draft length, what users compare us with (mlx_lm's
-    `draft_model`, transformers' assisted generation)."""
-    from specdec.drafting.model import ModelDrafter
-
-    if not isinstance(drafter, ModelDrafter):
-        return {}, {}
-    d, k = drafter.draft, min(cfg.block_size, drafter.block_size) - 1
-    if verifier.runtime == "mlx" and d.runtime == "mlx":
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
-        name = "mlx_lm-speculative"
-        if not all(can_trim_prompt_cache(make_prompt_cache(m)) for m in (verifier.model, d.model)):  # type: ignore[attr-defined]
-            return {}, {name: "skipped: mlx_lm's speculative decoding needs trimmable caches in both models"}
-        run = _mlx_peer(verifier, cfg, draft_model=d.model, num_draft_tokens=k)  # type: ignore[attr-defined]
-        return {name: run}, {
-            name: f"mlx_lm.stream_generate, draft_model {d.model_name}, {k} draft tokens, greedy"
-        }
-    if verifier.runtime == "hf" and d.runtime == "hf":
-        gc = d.model.generation_config  # type: ignore[attr-defined]
-        # a fixed draft length, as ours: no schedule, no confidence cut
-        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = k, "constant"
-        gc.assistant_confidence_threshold = 0.0
-        name = "hf-assisted"
-        run = _hf_peer(verifier, cfg, assistant_model=d.model)  # type: ignore[attr-defined]
-        return {name: run}, {
-            name: f"transformers assisted generation, assistant {d.model_name}, {k} tokens, greedy"
-        }
-    return {}, {
-        "draft-model-peer": f"skipped: the draft model runs in {d.runtime}, the verifier in "
-        f"{verifier.runtime}"
-    }
-
-
-def drafter_peer(verifier: Verifier, drafter: Drafter, cfg: DecodeConfig) -> PeerRun:
-    """Our own loop with another drafter (e.g. the same checkpoint in the other drafter runtime), run as
-    a peer so that it is interleaved with the main drafter and the AR baseline on every prompt."""
-
-    def run(ids: list[int]) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        res = generate(verifier, ids, drafter=drafter, cfg=cfg, prompt_id="peer")
-        t_end = time.perf_counter()
-        s = summarize([res])
-        return {
-            "output_tokens": res.output_tokens,
-            "n_output_tokens": len(res.output_tokens),
-            "ttft_s": s["ttft_s"],
-            "decode_s": s["decode_s"],
-            "n_after_first": len(res.output_tokens) - 1 if res.output_tokens else 0,
-            "tokens_per_s": s["tokens_per_s"],
-            "total_s": t_end - t0,
-            "e2e_tokens_per_s": len(res.output_tokens) / (t_end - t0) if res.output_tokens else None,
-            "n_steps": s["n_steps"],
-            "acceptance_sum": sum(st.acceptance_length for st in res.decode_steps),
-            "peak_memory": s["peak_memory_bytes_max"].get("drafter"),  # from the drafter runtime's probe
-        }
-
-    return run
-
-
-def peer_runners(
-    verifier: Verifier, cfg: DecodeConfig, drafter: Drafter | None = None
-) -> tuple[dict[str, PeerRun], dict[str, str]]:
-    """({name: run(prompt ids) -> figures}, {name: description}) for the verifier's runtime (stub: none),
-    and for a draft model the runtime's own speculative decoding with it."""
-    runs, notes = _runtime_peers(verifier, cfg)
-    more, more_notes = _draft_model_peers(verifier, drafter, cfg)
-    return runs | more, notes | more_notes
-
-
-def _runtime_peers(verifier: Verifier, cfg: DecodeConfig) -> tuple[dict[str, PeerRun], dict[str, str]]:
-    if verifier.runtime == "hf":
-        return (
-            {
-                "hf-generate": _hf_peer(verifier, cfg),
-                "hf-prompt-lookup": _hf_peer(
-                    verifier, cfg, prompt_lookup_num_tokens=PROMPT_LOOKUP_NUM_TOKENS
-                ),
-            },
-            {
-                "hf-generate": "transformers model.generate, greedy (the runtime's own AR loop)",
-                "hf-prompt-lookup": f"transformers assisted generation, prompt_lookup_num_tokens="
-                f"{PROMPT_LOOKUP_NUM_TOKENS}, greedy",
-            },
-        )
-    if verifier.runtime == "mlx":
-        if verifier.tokenizer is None:
-            return {}, {"mlx_lm-stream_generate": "skipped: the model folder has no tokenizer"}
-        return (
-            {"mlx_lm-stream_generate": _mlx_peer(verifier, cfg)},
-            {"mlx_lm-stream_generate": "mlx_lm.stream_generate, greedy (the runtime's own AR loop)"},
-        )
-    return {}, {}
 
 
 # ---- aggregation -----------------------------------------------------------------------------------------

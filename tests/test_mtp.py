@@ -458,3 +458,73 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_path, 
     d = load_drafter("mtp", verifier=v)
     assert isinstance(d, cls)
     check_walk_distribution(v, d, cls, monkeypatch, broken=broken, reference=ref)
+
+
+# ---- mlx-vlm's own speculative decoding, the eval's peer -------------------------------------------------
+
+
+def for_mlx_vlm(src: Path, out: Path) -> Path:
+    """A copy of the tiny Qwen3.5 `src` whose rope config names the multimodal RoPE sections real
+    checkpoints carry and mlx-vlm's config requires (text positions: the same rotation either way)."""
+    import shutil
+
+    shutil.copytree(src, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["text_config"]["rope_parameters"] |= {"mrope_section": [1, 1, 0], "mrope_interleaved": True}
+    (out / "config.json").write_text(json.dumps(cfg))
+    return tinymodels.tiny_tokenizer(out)
+
+
+def test_mlx_vlm_peer_and_where_its_speculation_departs_from_greedy(folders, tmp_path):
+    """`specdec eval`'s mlx-vlm peer beside the MLX verifier with `--drafter mtp`: mlx-vlm's own model and
+    drafter from the same folder, its generation counted from its own rounds. On this tiny Qwen3.5 (Gated
+    DeltaNet layers) mlx-vlm 0.7.10's speculative output departs from its own greedy output (which is
+    mlx_lm's) where the model's top two logits are far from a tie; ours stays greedy."""
+    pytest.importorskip("mlx_vlm")
+    import mlx.core as mx
+    from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.utils import load
+
+    from specdec.evals.peers import VLM, peer_runners
+    from specdec.verifiers.mlx import MLXVerifier
+
+    folder = for_mlx_vlm(folders["qwen3_5_multimodal"], tmp_path / "q35")
+    v = MLXVerifier(folder)
+    greedy = parity.mlx_lm_greedy(v, PROMPT, 32)
+    d = load_drafter("mtp", verifier=v)
+    assert run(v, d, n=32).output_tokens == greedy  # ours
+    cfg = DecodeConfig(max_new_tokens=32, block_size=4, stop_token_ids=frozenset())
+    runners, notes = peer_runners(v, cfg, d)
+    assert "(mtp), greedy" in notes[VLM], notes
+    got = runners[VLM](PROMPT)
+    theirs = got["output_tokens"]
+    assert len(theirs) == 32 and got["n_steps"] > 0 and got["acceptance_sum"] == 31
+    model, _ = load(str(folder))
+    vlm_ar = [int(t) for t, _ in generate_step(mx.array([PROMPT]), model, None, None, max_tokens=32,
+                                               temperature=0.0)]  # fmt: skip
+    assert vlm_ar == greedy  # mlx-vlm's own model decodes greedily as mlx_lm does
+    n = next((i for i, (a, b) in enumerate(zip(theirs, greedy)) if a != b), None)
+    if n is not None:  # mlx-vlm 0.7.10: a clear second choice, not a near-tie
+        logits = v.model(mx.array([PROMPT + greedy[:n]]))[0, -1]
+        print(f"mlx-vlm departs at {n}: margin {float(logits[greedy[n]] - logits[theirs[n]]):.3f}")
+        assert float(logits[greedy[n]] - logits[theirs[n]]) > 1e-2
+
+
+def test_mlx_vlm_peer_is_skipped_with_its_reason_where_it_cannot_run(tmp_path):
+    """A family whose hidden states mlx-vlm's speculative loop does not capture (Llama): the eval goes on
+    without the peer, which names mlx-vlm's reason in one line."""
+    pytest.importorskip("mlx_vlm")
+    from test_families import public_drafter_config
+
+    from specdec.drafting.checkpoint import save_checkpoint
+    from specdec.drafting.dflash import DFlashConfig, DFlashDraftModel
+    from specdec.evals.peers import VLM, peer_runners
+    from specdec.verifiers.mlx import MLXVerifier
+
+    v = MLXVerifier(tinymodels.tiny_tokenizer(tinymodels.tiny_llama(tmp_path / "llama")))
+    cfg = DFlashConfig.from_dict(public_drafter_config("qwen3", v.num_layers))
+    save_checkpoint(tmp_path / "d", cfg, DFlashDraftModel(cfg).state_dict())
+    runners, notes = peer_runners(v, DecodeConfig(max_new_tokens=8, block_size=4),
+                                  load_drafter(str(tmp_path / "d"), verifier=v))  # fmt: skip
+    assert VLM not in runners and notes[VLM].startswith("skipped: mlx-vlm 0.7.10 cannot run it here (")
+    assert "\n" not in notes[VLM]
