@@ -427,3 +427,33 @@ def test_mlx_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_pa
     d = load_drafter(str(a), verifier=v, runtime="mlx")
     assert isinstance(d, MLXAssistantDrafter)
     check_walk_distribution(v, d, MLXAssistantDrafter, monkeypatch, broken=broken, reference=HFVerifier(t))
+
+
+def test_mlx_vlm_peer_runs_the_assistant_and_stays_greedy(tmp_path):
+    """`specdec eval`'s mlx-vlm peer beside the MLX verifier with an assistant, on a vision-language Gemma 4
+    checkpoint: mlx-vlm 0.7.10's own speculative output is the greedy one here (no recurrent layers;
+    compare tests/test_mtp.py's Qwen3.5, where it parts from it). mlx-vlm reads the full layers' head size
+    from `global_head_dim`, as released configs carry it (transformers 5.25 writes per-layer overrides)."""
+    pytest.importorskip("mlx_vlm")
+    import json
+
+    from specdec.evals.peers import VLM, peer_runners
+    from specdec.verifiers.mlx import MLXVerifier
+
+    text = tinymodels.tiny_gemma4(tmp_path / "text", sliding_window=W)
+    folders = (
+        tinymodels.with_vision(tmp_path / "target", text),
+        tinymodels.tiny_gemma4_assistant(tmp_path / "a", sliding_window=W, seed=1),
+    )
+    for f in folders:
+        cfg = json.loads((f / "config.json").read_text())
+        cfg["text_config"]["global_head_dim"] = 32
+        (f / "config.json").write_text(json.dumps(cfg))
+    v = MLXVerifier(tinymodels.tiny_tokenizer(folders[0]))
+    d = load_drafter(str(folders[1]), verifier=v, runtime="mlx")
+    runners, notes = peer_runners(v, DecodeConfig(max_new_tokens=32, block_size=d.block_size,
+                                                  stop_token_ids=frozenset()), d)  # fmt: skip
+    assert "(mtp), greedy" in notes[VLM], notes  # mlx-vlm runs assistants as its kind "mtp"
+    got = runners[VLM](PROMPT)
+    assert got["output_tokens"] == parity.mlx_lm_greedy(v, PROMPT, 32) == run(v, d, n=32).output_tokens
+    assert got["n_steps"] > 0
