@@ -229,20 +229,19 @@ def _runtime_peers(verifier: Verifier, cfg: DecodeConfig) -> tuple[dict[str, Pee
 
 
 def _drafter_folder(verifier: Verifier, drafter: Drafter | None) -> str | None:
-    """The checkpoint mlx-vlm would load for `drafter` (the neural one behind `+lookup`): its folder, a split
-    MTP folder, or for `--drafter mtp` the model's own (mlx-vlm splits the layers out itself). None for
-    drafters without one (prompt lookup, n-grams, draft models: mlx_lm's own peer covers those)."""
+    """The checkpoint mlx-vlm would load for `drafter` beside the MLX `verifier` (the neural drafter behind
+    `+lookup`): its folder, a split MTP folder, or for `--drafter mtp` the model's own (mlx-vlm splits the
+    layers out itself). None for drafters without one (prompt lookup, n-grams, draft models: mlx_lm's own
+    peer covers those)."""
     from specdec.drafting.mix import LookupFirstDrafter
     from specdec.drafting.model import ModelDrafter
+    from specdec.drafting.mtp_mlx import MLXMtpDrafter
 
     inner = drafter.drafter if isinstance(drafter, LookupFirstDrafter) else drafter
     if inner is None or isinstance(inner, ModelDrafter):
         return None
-    split = getattr(inner, "split", None)
-    if split is not None:
-        return str(split.folder)
-    if getattr(inner, "name", None) == "mtp":
-        return getattr(verifier, "path", None)
+    if isinstance(inner, MLXMtpDrafter):
+        return str(inner.split.folder) if inner.split is not None else getattr(verifier, "path", None)
     return getattr(inner, "path", None)
 
 
@@ -252,9 +251,10 @@ def _vlm_peers(
     """mlx-vlm's own speculative decoding with the same model folder and drafter checkpoint (module
     docstring): ({VLM: run}, {VLM: description}), ({}, {VLM: "skipped: why"}) where mlx-vlm cannot run
     it, ({}, {}) where there is nothing to compare (no MLX verifier, no drafter checkpoint)."""
-    folder = _drafter_folder(verifier, drafter)
-    model_path = getattr(verifier, "path", None)
-    if verifier.runtime != "mlx" or folder is None or model_path is None:
+    if verifier.runtime != "mlx":
+        return {}, {}
+    folder, model_path = _drafter_folder(verifier, drafter), getattr(verifier, "path", None)
+    if folder is None or model_path is None:
         return {}, {}
     try:
         import mlx_vlm
