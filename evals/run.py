@@ -402,7 +402,12 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     add_verifier_args(p)
     add_drafter_args(p)
     p.add_argument("--out", required=True, help="output folder: result.json, steps.jsonl, report.md, PNGs")
-    p.add_argument("--no-peers", action="store_true", help="skip the runtime's own generate / prompt lookup")
+    p.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="skip the peers: the runtime's own loops (generate, prompt lookup, speculative with a draft "
+        "model) and mlx-vlm's speculative decoding beside an MLX verifier",
+    )
     p.add_argument(
         "--also-drafter-runtime", nargs="+", choices=DRAFTER_RUNTIMES, metavar="RUNTIME",
         help="also run the same drafter in these drafter runtimes (torch, mlx), interleaved, as peers",
