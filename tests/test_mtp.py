@@ -365,11 +365,12 @@ def test_add_mtp_beside_an_mlx_conversion(folders, tmp_path, capsys, quantize):
     assert run(v, load_drafter("mtp", verifier=v)).output_tokens == parity.mlx_lm_greedy(v, PROMPT, 24)
 
 
-def test_add_mtp_beside_a_quantized_moe_keeps_its_routers_as_the_model_does(folders, tmp_path):
-    """A 4-bit Qwen3.5-MoE conversion (mlx_lm's recipe: router gates in 8 bits, groups of 64): the MTP layer
-    copied beside it is quantized module for module as the model's own full-attention layer (mlx-vlm's
-    splitter leaves the router in float and quantizes the shared-expert gate to the default bits); the
-    output stays mlx_lm's greedy generation."""
+@pytest.mark.parametrize("recipe", ["mlx_lm", "mlp-only"])
+def test_add_mtp_beside_a_quantized_moe_keeps_its_recipe(folders, tmp_path, recipe):
+    """A 4-bit Qwen3.5-MoE conversion, by mlx_lm's recipe (router gates in 8 bits, groups of 64) or a mixed
+    one (the MLPs alone): the MTP layer copied beside it is quantized module for module as the model's own
+    full-attention layer (mlx-vlm's splitter leaves the router in float and quantizes the shared-expert
+    gate to the default bits); the output stays mlx_lm's greedy generation."""
     pytest.importorskip("mlx_lm")
     import shutil
 
@@ -381,8 +382,9 @@ def test_add_mtp_beside_a_quantized_moe_keeps_its_routers_as_the_model_does(fold
 
     src = tinymodels.tiny_tokenizer(folders["qwen3_5_moe"])
     fresh = MLXVerifier(src)
-    model, config = quantize_model(fresh.model, fresh.config, group_size=32, bits=4,
-                                   quant_predicate=fresh.model.quant_predicate)  # fmt: skip
+    own = fresh.model.quant_predicate
+    which = own if recipe == "mlx_lm" else lambda path, m: ".mlp." in f"{path}." and own(path, m)
+    model, config = quantize_model(fresh.model, fresh.config, group_size=32, bits=4, quant_predicate=which)
     dst = tmp_path / "q4"
     save_model(dst, model)
     save_config(config, dst / "config.json")
@@ -398,6 +400,9 @@ def test_add_mtp_beside_a_quantized_moe_keeps_its_routers_as_the_model_does(fold
         if hasattr(fa.get(name), "bits"):
             assert (m.bits, m.group_size) == (fa[name].bits, fa[name].group_size), name
     assert d.model.mtp.layers[0].mlp.gate.bits == 8
+    float_attention = recipe == "mlp-only"
+    assert (not hasattr(d.model.mtp.layers[0].self_attn.o_proj, "bits")) == float_attention
+    assert (not hasattr(d.model.mtp.fc, "bits")) == float_attention  # fc goes as the attention's o_proj
     assert run(v, d).output_tokens == parity.mlx_lm_greedy(v, PROMPT, 24)
 
 

@@ -127,21 +127,21 @@ class _Mtp(nn.Module):
 
 def _quantize_like(mtp: _Mtp, model: nn.Module) -> dict[str, Any] | None:
     """Quantize the float MTP layer `mtp` as `model`'s own layer at its full-attention index is: each module
-    whose counterpart there is quantized, with that one's group size, bits and mode; `fc` (no counterpart)
-    as that layer's attention output projection. What it did ({group_size, bits, mode}), None for a model
-    that is not quantized."""
+    whose counterpart there is quantized, with that one's group size, bits and mode (a mixed recipe stays
+    mixed); `fc` (no counterpart) as that layer's attention output projection. What most quantized
+    modules got ({group_size, bits, mode}), None where nothing was (a model that is not quantized)."""
     theirs = dict(text_model(model).model.layers[_full_attention_index(model)].named_modules())
-    o_proj = theirs.get("self_attn.o_proj")
-    if getattr(o_proj, "bits", None) is None:
-        return None
-    how = lambda m: {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}  # noqa: E731
+    done: list[tuple[tuple[str, Any], ...]] = []
 
     def like(path: str, module: nn.Module) -> bool | dict[str, Any]:
-        them = o_proj if path == "fc" else theirs.get(path.removeprefix("layers.0."))
-        return how(them) if getattr(them, "bits", None) is not None else False
+        them = theirs.get("self_attn.o_proj" if path == "fc" else path.removeprefix("layers.0."))
+        if getattr(them, "bits", None) is None:
+            return False
+        done.append((("group_size", them.group_size), ("bits", them.bits), ("mode", them.mode)))
+        return dict(done[-1])
 
     nn.quantize(mtp, class_predicate=like)
-    return how(o_proj)
+    return dict(max(set(done), key=done.count)) if done else None
 
 
 class _Net(nn.Module):
