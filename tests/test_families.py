@@ -337,7 +337,8 @@ def test_multimodal_checkpoints_run_their_language_model(paths, tmp_path, fam):
     """Real Gemma 3 / 4 checkpoints are vision-language models (`...ForConditionalGeneration`, the
     language model under `model.language_model.*`), which transformers' AutoModelForCausalLM builds
     whole. Both verifiers load the language model alone (the towers unread) and give the whole model's
-    own logits and greedy generation, speculatively too."""
+    own logits and greedy generation, speculatively too; the HF verifier given the loaded object runs its
+    language model (shared, not copied)."""
     if fam == "gemma4_unified":
         path = paths[fam]
     else:
@@ -354,7 +355,9 @@ def test_multimodal_checkpoints_run_their_language_model(paths, tmp_path, fam):
     assert sum(p.numel() for p in hv.model.parameters()) < sum(p.numel() for p in whole.parameters())
     torch.testing.assert_close(_fresh_logits(hv, PROMPT), expect, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(_fresh_logits(mv, PROMPT), expect, atol=1e-4, rtol=1e-4)
-    for v in (hv, mv):
+    ov = HFVerifier(whole)  # the loaded object, as an app holds it: its language model, shared
+    assert type(ov.model).__name__ == type(hv.model).__name__ and ov.model.model is whole.model.language_model
+    for v in (hv, mv, ov):
         drafter = make_drafter("part", ref, v)
         cfg = DecodeConfig(max_new_tokens=N_NEW, block_size=8, stop_token_ids=frozenset())
         assert generate(v, PROMPT, drafter=drafter, cfg=cfg).output_tokens == ref, v.runtime

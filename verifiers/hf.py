@@ -107,6 +107,27 @@ def _text_part(config: Any) -> tuple[Any, dict[str, Any]]:
     return text, {"key_mapping": _TEXT_WEIGHTS}
 
 
+def _language_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A vision-language model object's language model as its text model's own causal LM (as `_text_part`
+    loads it from a folder), sharing its modules: nothing is copied. Other models as they are."""
+    inner = getattr(getattr(model, "model", None), "language_model", None)
+    if not isinstance(inner, torch.nn.Module):
+        return model
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):  # the shell only: its modules are the model's own
+            text = AutoModelForCausalLM.from_config(model.config.get_text_config(decoder=True))
+    except ValueError:  # no causal LM for the text model: refused as unsupported below
+        return model
+    text.model, text.lm_head = inner, model.get_output_embeddings()
+    if any(t.is_meta for t in [*text.parameters(), *text.buffers()]):
+        return model
+    text.generation_config = model.generation_config
+    text.config._name_or_path = getattr(model.config, "_name_or_path", "")
+    return text
+
+
 def _check_layer_types(cfg: Any, name: str) -> None:
     """ValueError for a model with layers this verifier cannot roll back exactly (SSM / convolution /
     other recurrent state than Gated DeltaNet's), before any weights load."""
@@ -148,7 +169,7 @@ class HFVerifier:
         (`specdec.measure.verify_equals_steps`); speculative output then equals autoregressive output
         token for token in that dtype."""
         if isinstance(model_path_or_model, torch.nn.Module):
-            model = model_path_or_model.to(device=device, dtype=dtype)
+            model = _language_model(model_path_or_model).to(device=device, dtype=dtype)
             path = getattr(model.config, "_name_or_path", "") or type(model).__name__
         else:
             path = str(model_path_or_model)
