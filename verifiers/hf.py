@@ -64,6 +64,7 @@ from specdec.verifiers.hf_parts import (
     TREE,
     attend_invariant,
     growing_layer,
+    has_sinks,
     sdpa_gqa,
     set_attention,
     wide_sliding_layer,
@@ -362,7 +363,7 @@ class HFVerifier:
             why = (
                 f"its attention sinks run in transformers' {runs!r} attention in {self.dtype} (specdec's "
                 "takes them in bf16 / fp16 on a CPU)"
-                if any(hasattr(m, "sinks") for m in self.model.modules())
+                if has_sinks(self.model)
                 else f"it runs {runs!r} attention (trees need sdpa)"
             )
         elif not self.tree_exact:

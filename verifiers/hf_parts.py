@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from specdec.kernels import KEY_ALIGN, TreeAttention, invariant_attention
 
 __all__ = [
-    "PACK", "TREE", "Packed", "attend_invariant", "attend_packed", "growing_layer", "packed_layer",
-    "sdpa_gqa", "set_attention", "wide_sliding_layer",
+    "PACK", "TREE", "Packed", "attend_invariant", "attend_packed", "growing_layer", "has_sinks",
+    "packed_layer", "sdpa_gqa", "set_attention", "wide_sliding_layer",
 ]  # fmt: skip
 
 
@@ -120,13 +120,18 @@ def _attend_tree(
     return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
 
 
+def has_sinks(model: torch.nn.Module) -> bool:
+    """Whether `model`'s attention has sinks (gpt-oss: transformers passes them as `s_aux`)."""
+    return any(hasattr(m, "sinks") for m in model.modules())
+
+
 def set_attention(model: torch.nn.Module, name: str, fn: Any, *, sinks: bool = False) -> bool:
     """Switch a model that runs transformers' SDPA attention (or one of ours) to `fn`, registered as `name`
     with the same masks; whether it was switched. `sinks`: `fn` reads attention sinks (`s_aux`), so a
     model that runs transformers' eager attention for its sinks (gpt-oss) is switched too."""
     ours = ("sdpa", "specdec_sdpa", "specdec_invariant")
     impl = getattr(model.config, "_attn_implementation", None)
-    eager_sinks = sinks and impl == "eager" and any(hasattr(m, "sinks") for m in model.modules())
+    eager_sinks = sinks and impl == "eager" and has_sinks(model)
     if impl not in ours and not eager_sinks:
         return False
     from transformers import AttentionInterface
