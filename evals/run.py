@@ -48,6 +48,7 @@ from specdec.drafting.spec import DrafterSpec
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.datasets import DATASETS, PromptRecord, load_dataset, second_turn_messages
 from specdec.evals.peers import drafter_peer, peer_runners
+from specdec.extras import require
 from specdec.memory import max_record
 from specdec.protocols import Drafter, Verifier
 from specdec.records import (
@@ -424,6 +425,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if DrafterSpec.parse(args.drafter).autoregressive:
         raise ValueError("--drafter none: an eval compares a drafter against the AR baseline")
     check_output_dir(args.out, OUTPUT_NAMES)  # before any work
+    require("specdec eval's report (its plots)", "eval")
     spec = run_spec(args)
     check_drafter_runtimes(spec.verifier, [spec.drafter_runtime, *(args.also_drafter_runtime or ())])
     sampling = sampling_of(args)

@@ -31,6 +31,7 @@ from specdec.drafting.lookup import LOOKUP_BLOCK_SIZE
 from specdec.drafting.spec import DrafterSpec
 from specdec.dtypes import check_device_dtype, resolve_dtype, torch_dtype
 from specdec.engine import DecodeConfig, check_request, decode_config, generate
+from specdec.extras import require
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.protocols import Drafter, TreeVerify, Verifier
 from specdec.records import (
@@ -173,6 +174,8 @@ class RunSpec:
         _check_choice("verifier runtime", self.verifier, RUNTIMES)
         _check_choice("drafter runtime", self.drafter_runtime, DRAFTER_RUNTIMES)
         _check_stub_model(self.verifier, self.model)
+        for runtime in {self.verifier, self.drafter_runtime} & {"hf", "mlx"}:  # a wheel without the extra
+            require(f"the {runtime} runtime", runtime)
         check_drafter_runtimes(self.verifier, [self.drafter_runtime])
         dtype = None if self.dtype == "auto" else torch_dtype(self.dtype)
         for device in {self.device, self.verifier_device or self.device}:

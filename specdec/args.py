@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from specdec.api import DRAFTER_RUNTIMES, LOOKUP_BLOCK_SIZE, RUNTIMES, RunSpec
 from specdec.drafting.model import MODEL_BLOCK_SIZE
+from specdec.extras import missing_extra
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.sampling import PROPOSALS, RULES, SamplingParams
 
@@ -216,6 +217,12 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as e:  # an optional extra not installed: say which, or it is ours
+        line = missing_extra(e)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     except (ValueError, OSError, RuntimeError) as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2

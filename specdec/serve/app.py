@@ -26,7 +26,17 @@ from specdec.serve.protocol import (
 from specdec.serve.worker import Job, Worker
 from specdec.stream import StreamingEngine
 
-__all__ = ["build_app"]
+__all__ = ["BYTES_PER_POSITION", "build_app", "request_bytes_for"]
+
+#: the default request-body cap, per position of the context: a JSON-escaped non-ASCII character takes
+#: up to 12 bytes (a surrogate pair) and is at least a token's share, so a prompt that fits the context
+#: fits this, with room for the fields around it (`request_bytes_for`)
+BYTES_PER_POSITION = 16
+
+
+def request_bytes_for(max_context: int) -> int:
+    """The default `--max-request-bytes` for a context of `max_context` positions: at least 1 MiB."""
+    return max(1 << 20, BYTES_PER_POSITION * max_context + (64 << 10))
 
 
 def build_app(
@@ -37,15 +47,18 @@ def build_app(
     default_max_tokens: int = 512,
     sampling: SamplingParams | None = None,
     on_death: Callable[[BaseException], None] | None = None,
+    max_request_bytes: int | None = None,
 ) -> Any:
     """The Starlette app; `app.state.worker` is the Worker (its threads start here; `on_death` as there).
     Several engines (on sequences of one batch: `specdec.batch.batch_of`) serve as many requests at once,
-    their verifies together."""
+    their verifies together. A request body past `max_request_bytes` (default `request_bytes_for` the
+    engine's context) is refused (413) as it arrives, before it is parsed or tokenized."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
     worker = Worker(engine, max_queue=max_queue, default_max_tokens=default_max_tokens, on_death=on_death)
-    r = _Routes(worker, model_name or worker.engine.verifier.model_name, sampling or SamplingParams())
+    limit = max_request_bytes or request_bytes_for(worker.engine.max_context)
+    r = _Routes(worker, model_name or worker.engine.verifier.model_name, sampling or SamplingParams(), limit)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
@@ -82,11 +95,35 @@ async def _watch_disconnect(request: Any, cancel: threading.Event) -> None:
             return
 
 
+async def _body(request: Any, limit: int) -> bytes:
+    """The request's body, read as it arrives; a RequestError (413) as soon as it passes `limit` bytes (by
+    its Content-Length, before reading any), so a huge prompt costs neither memory nor tokenizing."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    parts, size = [], 0
+    async for piece in request.stream():
+        size += len(piece)
+        if size > limit:
+            raise _too_large(None, limit)
+        parts.append(piece)
+    return b"".join(parts)
+
+
+def _too_large(size: int | None, limit: int) -> RequestError:
+    got = f"is {size} bytes," if size is not None else "runs"
+    return RequestError(
+        f"the request body {got} over this server's {limit} bytes (--max-request-bytes): a prompt that "
+        "long does not fit the model's context",
+        status=413,
+    )
+
+
 class _Routes:
     """The app's handlers, over one worker."""
 
-    def __init__(self, worker: Worker, model: str, defaults: SamplingParams) -> None:
-        self.worker, self.model, self.defaults = worker, model, defaults
+    def __init__(self, worker: Worker, model: str, defaults: SamplingParams, limit: int) -> None:
+        self.worker, self.model, self.defaults, self.limit = worker, model, defaults, limit
 
     async def chat_completions(self, request: Any) -> Any:
         return await self._completions(request, chat=True)
@@ -99,7 +136,10 @@ class _Routes:
         metrics = self.worker.metrics
         metrics.add("requests_total")
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await _body(request, self.limit))
+        except RequestError as e:
+            metrics.add("requests_invalid")
+            return _error(str(e), e.status)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             metrics.add("requests_invalid")
             return _error(f"the request body is not valid JSON: {e}", 400)

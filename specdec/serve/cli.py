@@ -18,7 +18,8 @@ from specdec.args import (
     sampling_of,
 )
 from specdec.drafting.spec import DrafterSpec
-from specdec.serve.app import build_app
+from specdec.extras import require
+from specdec.serve.app import BYTES_PER_POSITION, build_app
 from specdec.stream import StreamingEngine
 
 __all__ = ["add_serve_args", "cmd_serve", "listen_socket"]
@@ -38,6 +39,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--default-max-tokens", type=at_least(1), default=512, help="when a request gives no max_tokens"
     )
     p.add_argument("--no-reuse", action="store_true", help="prefill every prompt whole (no prefix reuse)")
+    p.add_argument(
+        "--max-request-bytes", type=at_least(1024),
+        help="request bodies past this are refused (413) before they are read whole or tokenized "
+        f"(default: {BYTES_PER_POSITION} bytes per position of the context, at least 1 MiB)",
+    )  # fmt: skip
     p.add_argument(
         "--max-batch", type=or_auto(at_least(1, 16)), default="auto",
         help="requests served at once, their verifies in one forward (exact or refused; "
@@ -67,6 +73,7 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load, serve until SIGINT / SIGTERM; exit code 1 if the worker thread ever died."""
+    require("specdec serve", "serve")  # a wheel without the extra: one line, before the port is bound
     sock = listen_socket(args.host, args.port)  # before any work
     try:
         return _serve_on(sock, args)
@@ -97,6 +104,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     app = build_app(
         engines, model_name=args.served_model_name, max_queue=args.max_queue,
         default_max_tokens=args.default_max_tokens, sampling=sampling, on_death=on_death,
+        max_request_bytes=args.max_request_bytes,
     )  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     name = args.served_model_name or verifier.model_name

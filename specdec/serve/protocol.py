@@ -29,9 +29,10 @@ class RequestError(ValueError):
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
     """An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}}."""
-    kind = {400: "invalid_request_error", 404: "not_found_error", 503: "server_busy"}.get(
-        status, "server_error"
-    )
+    if status in (404, 503):
+        kind = {404: "not_found_error", 503: "server_busy"}[status]
+    else:  # a 4xx is the client's request (405, 413, ...); a 5xx is ours
+        kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -82,7 +83,12 @@ class Params:
     include_usage: bool
 
 
-def _number(body: dict, name: str, default: float, *, lo: float, hi: float, integer: bool = False) -> Any:
+def _number(
+    body: dict, name: str, default: float, *, lo: float, hi: float, integer: bool = False,
+    open_lo: bool = False, open_hi: bool = False,
+) -> Any:  # fmt: skip
+    """`body[name]` checked to lie in [lo, hi] (`open_lo` / `open_hi`: the bound excluded), else
+    `default`; a RequestError naming the field otherwise."""
     v = body.get(name)
     if v is None:
         return default
@@ -90,8 +96,9 @@ def _number(body: dict, name: str, default: float, *, lo: float, hi: float, inte
     if not ok or isinstance(v, bool):
         kind = "an integer" if integer else "a number"
         raise RequestError(f"'{name}' must be {kind}, got {json.dumps(v)}", param=name)
-    if not lo <= v <= hi:
-        raise RequestError(f"'{name}' must be in [{lo}, {hi}], got {v}", param=name)
+    if not (lo < v if open_lo else lo <= v) or not (v < hi if open_hi else v <= hi):
+        span = f"{'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}"
+        raise RequestError(f"'{name}' must be in {span}, got {v}", param=name)
     return v
 
 
@@ -224,14 +231,15 @@ def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
     try:
         return SamplingParams(
             temperature=_number(body, "temperature", defaults.temperature, lo=0, hi=2),
-            top_p=_number(body, "top_p", defaults.top_p, lo=0, hi=1),
+            top_p=_number(body, "top_p", defaults.top_p, lo=0, hi=1, open_lo=True),
             top_k=max(0, _number(body, "top_k", defaults.top_k, lo=-1, hi=2**31, integer=True)),  # -1: off
-            min_p=_number(body, "min_p", defaults.min_p, lo=0, hi=1),
+            min_p=_number(body, "min_p", defaults.min_p, lo=0, hi=1, open_hi=True),
             seed=_number(body, "seed", defaults.seed, lo=0, hi=2**63 - 1, integer=True),
             rule=defaults.rule,
             proposal=defaults.proposal,
         )
     except RequestError:
         raise
-    except ValueError as e:
-        raise RequestError(str(e)) from e
+    except ValueError as e:  # SamplingParams' own checks name their field first
+        field = str(e).split(" ", 1)[0]
+        raise RequestError(str(e), param=field if field in body else None) from e
