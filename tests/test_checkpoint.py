@@ -299,7 +299,7 @@ def test_rope_frequencies_are_transformers_own(scaling):
 
 def test_unsupported_rope_is_refused_in_one_line():
     for bad, match in (
-        ({"rope_type": "longrope", "factor": 2.0}, "RoPE type 'longrope' is not supported"),
+        ({"rope_type": "longrope", "factor": 2.0}, "rope_type 'longrope' is not supported"),
         ({"rope_type": "yarn", "factor": 4.0}, "needs 'original_max_position_embeddings'"),
         ({"rope_type": "linear"}, "needs a positive 'factor'"),
     ):

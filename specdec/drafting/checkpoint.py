@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from specdec.drafting.fields import dflash_problems, first_given
 from specdec.drafting.rope import rope_scaling
 from specdec.kernels import MAX_VERIFY_TOKENS
 
@@ -75,42 +76,6 @@ def _dflash2_fields(d2: DFlash2Config) -> dict[str, Any]:
         out["final_logit_softcapping"] = d2.final_logit_softcapping
     if d2.input_embedding_scale != 1.0:
         out["input_embedding_scale"] = d2.input_embedding_scale
-    return out
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _field_problems(raw: Mapping[str, Any]) -> list[str]:
-    """What is of the wrong JSON type or range in a config dict, before any field is used (a string where
-    a size belongs would otherwise be multiplied into nonsense shapes, a 0 divided by)."""
-    dflash = raw.get("dflash_config")
-    if dflash is not None and not isinstance(dflash, Mapping):
-        return [f"dflash_config must be an object, got {dflash!r}"]
-    dflash = dflash or {}
-
-    def get(k: str) -> Any:
-        return dflash.get(k, raw.get(k))
-
-    out = [f"{k} must be a positive integer, got {raw[k]!r}" for k in _REQUIRED
-           if k in raw and not (_is_int(raw[k]) and raw[k] >= 1)]  # fmt: skip
-    positive = ("head_dim", "block_size", "max_position_embeddings", "sliding_window", *DFlash2Config.FIELDS)
-    out += [f"{k} must be a positive integer, got {get(k)!r}" for k in positive
-            if get(k) is not None and not (_is_int(get(k)) and get(k) >= 1)]  # fmt: skip
-    if get("mask_token_id") is not None and not _is_int(get("mask_token_id")):
-        out.append(f"mask_token_id must be an integer, got {get('mask_token_id')!r}")
-    for k in ("target_layer_ids", "draft_vocab"):
-        v = get(k)
-        if v is not None and not (isinstance(v, list) and all(_is_int(i) for i in v)):
-            out.append(f"{k} must be a list of integers, got {v!r}")
-    types = raw.get("layer_types")
-    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
-        out.append(f"layer_types must be a list of strings, got {types!r}")
-    for k in ("rms_norm_eps", "rope_theta"):
-        v = raw.get(k)
-        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-            out.append(f"{k} must be a positive number, got {v!r}")
     return out
 
 
@@ -283,7 +248,7 @@ class DFlashConfig:
     def from_dict(cls, raw: Mapping[str, Any], *, num_target_features: int | None = None) -> DFlashConfig:
         """Parse a public-format config dict. `num_target_features` (K, e.g. from `fc.weight`) picks the
         default layer ids when the config names none; without it the public default K = draft layers."""
-        problems = _field_problems(raw)
+        problems = dflash_problems(raw, required=_REQUIRED, dflash2=DFlash2Config.FIELDS)
         if problems:
             raise ValueError("invalid DFlash config: " + "; ".join(problems))
         missing = [k for k in _REQUIRED if k not in raw]
@@ -305,11 +270,16 @@ class DFlashConfig:
             )
         dflash2 = _dflash2_config(raw, dflash) if arch is not None and ARCHITECTURE2 in arch else None
         rope = raw.get("rope_parameters") or {}
-        scaling = rope_scaling(raw.get("rope_scaling") or rope)
+        try:
+            scaling = rope_scaling(raw.get("rope_scaling") or rope)
+        except ValueError as e:
+            raise ValueError(f"invalid DFlash config: {e}") from None
         ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
         if ids is None and num_target_features is not None:
             ids = default_target_layer_ids(int(raw["num_target_layers"]), num_target_features)
-        theta = raw.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
+        theta = first_given(raw.get("rope_theta"), rope.get("rope_theta"), 1_000_000.0)
+        if isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 0:
+            raise ValueError(f"invalid DFlash config: rope_theta must be a positive number, got {theta!r}")
         extra = {k: v for k, v in raw.items() if k not in _OWNED}
         extra_dflash = {
             k: v
@@ -329,16 +299,16 @@ class DFlashConfig:
             num_target_layers=int(raw["num_target_layers"]),
             mask_token_id=int(mask_id),
             head_dim=raw.get("head_dim"),
-            block_size=int(raw.get("block_size", dflash.get("block_size", 16))),
+            block_size=int(first_given(raw.get("block_size"), dflash.get("block_size"), 16)),
             target_layer_ids=None if ids is None else tuple(ids),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(first_given(raw.get("rms_norm_eps"), 1e-6)),
             rope_theta=float(theta),
             rope_scaling=scaling,
-            max_position_embeddings=int(raw.get("max_position_embeddings", 40960)),
+            max_position_embeddings=int(first_given(raw.get("max_position_embeddings"), 40960)),
             layer_types=None if raw.get("layer_types") is None else tuple(raw["layer_types"]),
             sliding_window=raw.get("sliding_window"),
-            attention_bias=bool(raw.get("attention_bias", False)),
-            is_causal=bool(raw.get("is_causal", False)),
+            attention_bias=bool(raw.get("attention_bias")),
+            is_causal=bool(raw.get("is_causal")),
             draft_vocab=dflash.get("draft_vocab"),
             dflash2=dflash2,
             extra=extra,
@@ -468,7 +438,7 @@ def load_config(path: str | Path) -> DFlashConfig:
     from specdec.drafting.formats import refuse_as_drafter
 
     refuse_as_drafter(path, raw, name=str(path), readable=DFLASH_FORMATS)  # another format is named
-    problems = _field_problems(raw)
+    problems = dflash_problems(raw, required=_REQUIRED, dflash2=DFlash2Config.FIELDS)
     if problems:
         raise ValueError(f"invalid DFlash config {str(file)!r}: " + "; ".join(problems))
     k = None

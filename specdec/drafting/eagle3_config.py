@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from specdec.drafting.fields import is_flag, is_number
 from specdec.drafting.rope import rope_scaling
 
 __all__ = [
@@ -110,6 +111,26 @@ def _int(raw: Mapping[str, Any], key: str, where: str, default: Any = None) -> i
     return v
 
 
+def _float(raw: Mapping[str, Any], key: str, where: str, default: float) -> float:
+    """`raw[key]` as a finite positive number (`default` where absent or null)."""
+    v = raw.get(key)
+    if v is None:
+        return default
+    if not is_number(v):
+        raise ValueError(f"{where}: {key} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _flag(raw: Mapping[str, Any], key: str, where: str) -> bool:
+    """`raw[key]` as a JSON boolean (False where absent or null): a string "false" is not one."""
+    v = raw.get(key)
+    if v is None:
+        return False
+    if not is_flag(v):
+        raise ValueError(f"{where}: {key} must be true or false, got {v!r}")
+    return v
+
+
 def _layer_config(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The draft layer's config: speculators' `transformer_layer_config`, else the flat config itself."""
     sub = raw.get("transformer_layer_config")
@@ -138,16 +159,26 @@ def _aux_ids(raw: Mapping[str, Any], where: str) -> tuple[int, ...] | None:
     return tuple(ids)
 
 
-def _speculators(raw: Mapping[str, Any]) -> tuple[int | None, str | None]:
-    """(speculative tokens per step, the verifier's name) from a `speculators_config`, where given."""
+def _speculators(raw: Mapping[str, Any], where: str) -> tuple[int | None, str | None]:
+    """(speculative tokens per step, the verifier's name) from a `speculators_config`, where given; what
+    it gives is checked (an object, a list of methods, a positive token count)."""
     sc = raw.get("speculators_config")
-    if not isinstance(sc, Mapping):
+    if sc is None:
         return None, None
+    if not isinstance(sc, Mapping):
+        raise ValueError(f"{where}: speculators_config must be an object, got {sc!r}"[:200])
     methods = sc.get("proposal_methods") or []
-    k = methods[0].get("speculative_tokens") if methods and isinstance(methods[0], Mapping) else None
+    if not isinstance(methods, list) or not all(isinstance(m, Mapping) for m in methods):
+        raise ValueError(f"{where}: speculators_config.proposal_methods must be a list of objects")
+    k = methods[0].get("speculative_tokens") if methods else None
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k <= 0):
+        raise ValueError(
+            f"{where}: speculators_config.proposal_methods[0].speculative_tokens must be a positive "
+            f"integer, got {k!r}"
+        )
     ver = sc.get("verifier")
     name = ver.get("name_or_path") if isinstance(ver, Mapping) else None
-    return (k if isinstance(k, int) and k > 0 else None), (name if isinstance(name, str) else None)
+    return k, (name if isinstance(name, str) else None)
 
 
 def parse_config(raw: Mapping[str, Any], *, dialect: str, weights_file: str, where: str) -> Eagle3Config:
@@ -163,23 +194,27 @@ def parse_config(raw: Mapping[str, Any], *, dialect: str, weights_file: str, whe
     rope = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
     if not isinstance(rope, Mapping):
         raise ValueError(f"{where}: rope_scaling must be an object, got {rope!r}")
-    theta = layer.get("rope_theta", rope.get("rope_theta", 10000.0))
-    k, target = _speculators(raw)
+    theta = _float(layer, "rope_theta", where, _float(rope, "rope_theta", where, 10000.0))
+    try:
+        scaling = rope_scaling(dict(rope))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    k, target = _speculators(raw, where)
     cfg = Eagle3Config(
         dialect=dialect, hidden_size=H, intermediate_size=_int(layer, "intermediate_size", where),
         num_layers=_int(layer, "num_hidden_layers", where, 1), num_attention_heads=heads,
         num_key_value_heads=_int(layer, "num_key_value_heads", where, heads),
         head_dim=_int(layer, "head_dim", where, H // heads) if layer.get("head_dim") else H // heads,
-        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
-        rope_scaling=rope_scaling(dict(rope)), attention_bias=bool(layer.get("attention_bias", False)),
+        rms_norm_eps=_float(layer, "rms_norm_eps", where, 1e-6), rope_theta=theta,
+        rope_scaling=scaling, attention_bias=_flag(layer, "attention_bias", where),
         qk_norm=mtype == "qwen3", vocab_size=_int(layer, "vocab_size", where),
         draft_vocab_size=_int(raw, "draft_vocab_size", where, layer.get("vocab_size")),
         target_hidden_size=_int(raw, "target_hidden_size", where, H) if raw.get("target_hidden_size") else H,
-        aux_layer_ids=_aux_ids(raw, where), norm_before_residual=bool(raw.get("norm_before_residual", False)),
-        norm_before_fc=bool(raw.get("norm_before_fc", False)), fc_norm=bool(raw.get("fc_norm", False)),
-        norm_output=bool(raw.get("norm_output", False)), block_size=(k + 1) if k else EAGLE3_BLOCK_SIZE,
+        aux_layer_ids=_aux_ids(raw, where), norm_before_residual=_flag(raw, "norm_before_residual", where),
+        norm_before_fc=_flag(raw, "norm_before_fc", where), fc_norm=_flag(raw, "fc_norm", where),
+        norm_output=_flag(raw, "norm_output", where), block_size=(k + 1) if k else EAGLE3_BLOCK_SIZE,
         target_model=target, weights_file=weights_file,
-        sliding_window=layer.get("sliding_window") if sliding else None, sliding_layers=sliding,
+        sliding_window=_int(layer, "sliding_window", where) if sliding else None, sliding_layers=sliding,
     )  # fmt: skip
     if raw.get("speculators_model_type") == "peagle":
         mask = raw.get("mask_token_id")
@@ -296,7 +331,7 @@ def read_eagle3(folder: str | Path, raw: Mapping[str, Any], *, dialect: str) -> 
     where = f"EAGLE-3 checkpoint {str(folder)!r}"
     if file is None:
         raise FileNotFoundError(f"{where} has no {' or '.join(_WEIGHT_FILES)}")
-    cfg = parse_config(raw, dialect=dialect, weights_file=file.name, where=where)
+    cfg = parse_config(raw, dialect=dialect, weights_file=file.name, where=f"{where} (config.json)")
     cfg = replace(cfg, has_embed=_check_weights(cfg, _read_tensors(file, shapes_only=True), where))
     if cfg.draft_vocab_size != cfg.vocab_size:
         draft_vocab(cfg, _read_tensors(file, shapes_only=False)["d2t"], where=where)

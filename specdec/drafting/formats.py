@@ -79,7 +79,8 @@ def _text(raw: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def identify(raw: Mapping[str, Any], files: Collection[str] = ()) -> Format:
     """The `Format` of a config dict (`files`: the names in its folder, which tell some dialects apart)."""
-    archs = tuple(a for a in raw.get("architectures") or () if isinstance(a, str))
+    listed = raw.get("architectures")
+    archs = tuple(a for a in listed if isinstance(a, str)) if isinstance(listed, list) else ()
     mt = str(raw.get("model_type") or "")
     low = [a.lower() for a in archs]
     fmt = lambda kind, dialect: Format(kind, dialect, mt, archs)  # noqa: E731

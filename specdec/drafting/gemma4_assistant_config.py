@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specdec.drafting.fields import is_int, is_number
+
 __all__ = [
     "ASSISTANT_BLOCK_SIZE",
     "AssistantConfig",
@@ -142,12 +144,103 @@ def _header(folder: Path, where: str) -> tuple[str, dict[str, tuple[list[int], s
     return ", ".join(f.name for f in files), out
 
 
+#: the counts read here: positive integers where the config gives them (top level, its text config); the
+#: optional ones may be null
+_POSITIVE = ("backbone_hidden_size", "num_centroids", "centroid_intermediate_top_k")
+_TEXT_POSITIVE = (
+    "hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "sliding_window", "intermediate_size",
+)  # fmt: skip
+_TEXT_OPTIONAL = ("global_head_dim", "num_global_key_value_heads")
+
+
+def _check_fields(raw: dict[str, Any], where: str) -> None:
+    """The counts read here positive integers and the per-layer parts well formed (`_check_layers`): a
+    one-line ValueError naming the field."""
+    text = raw["text_config"]
+    fields = [(raw, k, "", False) for k in _POSITIVE]
+    fields += [(text, k, "text_config.", False) for k in _TEXT_POSITIVE]
+    fields += [(text, k, "text_config.", True) for k in _TEXT_OPTIONAL]
+    for scope, k, prefix, optional in fields:
+        v = scope.get(k)
+        if k not in scope or (v is None and optional):
+            continue
+        if not (is_int(v) and v > 0):
+            raise ValueError(f"{where}: config.json's {prefix}{k} must be a positive integer, got {v!r}")
+    _check_layers(text, where)
+
+
+def _transformers_reads(raw: dict[str, Any], where: str) -> None:
+    """Where transformers is installed, the config as its config classes type and validate it (what its
+    loader would raise later, in its words on one line); after specdec's own checks, which say more."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return
+    from transformers import AutoConfig
+    from transformers.activations import ACT2FN
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    text = raw["text_config"]
+    act = text.get("hidden_activation")
+    if act is not None and act not in ACT2FN:
+        raise ValueError(
+            f"{where}: config.json's text_config.hidden_activation {act!r} is not one transformers has"
+        )
+    for t, rope in (text.get("rope_parameters") or {}).items():
+        kind = rope.get("rope_type", "default")
+        if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(
+                f"{where}: config.json's text_config.rope_parameters.{t}.rope_type {kind!r} is unknown"
+            )
+
+    try:
+        AutoConfig.for_model(**raw)
+    except Exception as e:  # transformers' strict dataclass checks, in its words
+        why = " ".join(str(e).split())[:200]
+        raise ValueError(f"{where}: config.json is not one transformers reads: {why}") from None
+
+
+def _check_layers(text: dict[str, Any], where: str) -> None:
+    """The per-layer parts of an assistant's text config: `layer_types` (Gemma 4's two kinds), a
+    `rope_parameters` entry per kind (a positive `rope_theta`, a `partial_rotary_factor` in (0, 1]) and
+    `per_layer_config` overrides of positive sizes; one-line ValueError naming the field."""
+    at = f"{where}: config.json's text_config"
+    types = text.get("layer_types")
+    if not (isinstance(types, list) and types and all(t in _TYPES for t in types)):
+        raise ValueError(f"{at}.layer_types must be a list of {list(_TYPES)}, got {types!r}"[:300])
+    rope = text.get("rope_parameters")
+    if rope is not None:
+        if not (isinstance(rope, dict) and all(isinstance(rope.get(t), dict) for t in set(types))):
+            raise ValueError(f"{at}.rope_parameters must hold an object per layer type {sorted(set(types))}")
+        for t in set(types):
+            entry = rope[t]
+            if not is_number(entry.get("rope_theta")):
+                raise ValueError(f"{at}.rope_parameters.{t}.rope_theta must be a positive number")
+            if "partial_rotary_factor" in entry and not is_number(entry["partial_rotary_factor"], hi=1):
+                raise ValueError(f"{at}.rope_parameters.{t}.partial_rotary_factor must be in (0, 1]")
+            if not isinstance(entry.get("rope_type", "default"), str):
+                raise ValueError(f"{at}.rope_parameters.{t}.rope_type must be a string")
+    over = text.get("per_layer_config")
+    if over is None:
+        return
+    if not isinstance(over, dict) or not all(isinstance(v, dict) for v in over.values()):
+        raise ValueError(f"{at}.per_layer_config must be an object of objects, got {over!r}"[:300])
+    for i, entry in over.items():
+        if not (str(i).isdigit() and int(i) < len(types)):
+            raise ValueError(f"{at}.per_layer_config names layer {i!r} of {len(types)}")
+        for k, v in entry.items():
+            if k in _TEXT_POSITIVE and not (is_int(v) and v > 0):
+                raise ValueError(f"{at}.per_layer_config.{i}.{k} must be a positive integer, got {v!r}")
+
+
 def read_assistant(folder: Path, raw: dict[str, Any]) -> AssistantConfig:
     """The assistant in `folder` (config `raw`) checked against its weights' names and shapes: a one-line
     ValueError naming what is missing or wrong, before anything loads."""
     name = folder.name
     if not isinstance(raw.get("text_config"), dict):
         raise ValueError(f"Gemma-4 assistant {name!r}: config.json has no text_config")
+    _check_fields(raw, f"Gemma-4 assistant {name!r}")
     text = gemma4_text(raw["text_config"])
     missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size") if text.get(k) is None]
     if missing or not raw.get("backbone_hidden_size"):
@@ -164,6 +257,7 @@ def read_assistant(folder: Path, raw: dict[str, Any]) -> AssistantConfig:
         raise ValueError(
             f"Gemma-4 assistant {name!r}: every layer must be KV-shared, without MoE or per-layer inputs"
         )
+    _transformers_reads(raw, f"Gemma-4 assistant {name!r}")
     H, Hb, V = int(text["hidden_size"]), int(raw["backbone_hidden_size"]), int(text["vocab_size"])
     ordered = bool(raw.get("use_ordered_embeddings"))
     C, k = int(raw.get("num_centroids", 2048)), int(raw.get("centroid_intermediate_top_k", 32))
@@ -182,6 +276,14 @@ def read_assistant(folder: Path, raw: dict[str, Any]) -> AssistantConfig:
     n = int(text["num_hidden_layers"])
     if any(f"model.layers.{i}.self_attn.q_proj.weight" not in header for i in range(n)):
         raise ValueError(f"Gemma-4 assistant {name!r}: its weights lack some of its {n} layers")
+    heads = int(text["num_attention_heads"])
+    for i in range(n):  # each layer's queries: its heads x its head dim (per-layer overrides included)
+        key, dim = f"model.layers.{i}.self_attn.q_proj.weight", kv_shape(text, i)[1]
+        if header[key][0] != [heads * dim, H]:
+            raise ValueError(
+                f"Gemma-4 assistant {name!r}: its weights have {header[key][0]} for {key}, its config says "
+                f"{[heads * dim, H]} ({heads} heads of {dim})"
+            )
     return AssistantConfig(
         text=text, backbone_hidden_size=Hb, hidden_size=H, vocab_size=V, layer_types=types,
         sliding_window=effective_window(text), ordered=ordered, num_centroids=C, top_k=k,

@@ -18,7 +18,7 @@ def rope_scaling(spec: dict[str, Any]) -> dict[str, Any] | None:
     for a type the drafters do not compute."""
     kind = spec.get("rope_type", spec.get("type", "default"))
     if kind not in ROPE_TYPES:
-        raise ValueError(f"RoPE type {kind!r} is not supported by the drafters (only {list(ROPE_TYPES)})")
+        raise ValueError(f"rope_type {kind!r} is not supported by the drafters (only {list(ROPE_TYPES)})")
     if kind == "default":
         return None
     if not isinstance(spec.get("factor"), (int, float)) or spec["factor"] <= 0:
