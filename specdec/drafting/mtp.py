@@ -67,50 +67,87 @@ def tensor_names(f: Path) -> list[str]:
         raise ValueError(f"cannot read {str(f)!r} (truncated or not safetensors): {e}") from None
 
 
-def _weight_names(folder: Path) -> list[str]:
-    """The tensor names of a model folder's weights (its index's, or every file's), `add_mtp`'s file aside."""
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """Each tensor of a model folder's weights (its index's, or every file's) -> its file, `add_mtp`'s
+    file aside."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        return list(json.loads(index.read_text()).get("weight_map", {}))
-    return [k for f in sorted(folder.glob("*.safetensors")) if f.name != MTP_FILE for k in tensor_names(f)]
+        return {k: folder / f for k, f in json.loads(index.read_text()).get("weight_map", {}).items()}
+    files = sorted(f for f in folder.glob("*.safetensors") if f.name != MTP_FILE)
+    return {k: f for f in files for k in tensor_names(f)}
 
 
-def check_mtp_folder(folder: str | Path) -> int:
+def _shapes(where: dict[str, Path], names: list[str]) -> dict[str, tuple[int, ...] | None]:
+    """The shapes of `names` read from their files' headers (no tensor loads); None for a tensor stored
+    quantized or packed (not a float dtype: its shape is not the layer's)."""
+    from safetensors import safe_open
+
+    out: dict[str, tuple[int, ...] | None] = {}
+    for f in {where[k] for k in names}:
+        with safe_open(str(f), framework="pt") as h:
+            for k in (k for k in names if where[k] == f):
+                piece = h.get_slice(k)
+                floating = piece.get_dtype() in ("F16", "BF16", "F32", "F64")
+                out[k] = tuple(piece.get_shape()) if floating else None
+    return out
+
+
+def check_mtp_folder(folder: str | Path, *, who: str = "--drafter mtp") -> int:
     """Before any weights load: the model folder's config names MTP layers and its weights hold them, as
-    many as it names; the count, or a one-line ValueError saying what is missing."""
+    many as it names, of the model's shapes (`fc` [H, 2H], the norms [H], layer 0 as the model's own
+    full-attention layer); the count, or a one-line ValueError from `who` saying what is wrong."""
     from specdec.models import read_config
 
     folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{who}: {str(folder)!r} does not exist (or is not a folder)")
     raw = read_config(folder) or {}
     n = mtp_layer_count(raw, folder)
     if not n:
         raise ValueError(
-            f"--drafter mtp: {folder.name!r} has no MTP layers (its config names none: "
+            f"{who}: {folder.name!r} has no MTP layers (its config names none: "
             f"{' / '.join(_COUNTS)}); use another drafter"
         )
     beside = (folder / MTP_FILE).is_file()  # `add_mtp`'s copy beside a conversion (checked when copied)
-    found = _weight_names(folder) + (tensor_names(folder / MTP_FILE) if beside else [])
-    names = [k.removeprefix("model.language_model.").removeprefix("model.") for k in found]
+    where = _weight_files(folder)
+    if beside:
+        where |= dict.fromkeys(tensor_names(folder / MTP_FILE), folder / MTP_FILE)
+    full_name = {k.removeprefix("model.language_model.").removeprefix("model."): k for k in where}
+    names = list(full_name)
     layers = {k.split(".")[2] for k in names if k.startswith("mtp.layers.")}
     if not any(k.startswith("mtp.") for k in names):
         raise ValueError(
-            f"--drafter mtp: {folder.name!r} names {n} MTP layer(s) but its weights hold no mtp.* tensors (a "
+            f"{who}: {folder.name!r} names {n} MTP layer(s) but its weights hold no mtp.* tensors (a "
             "conversion that dropped them); copy them from the original: specdec add-mtp <original> <folder>"
         )
     if len(layers) != n or not {"mtp.fc.weight", "mtp.norm.weight"} <= set(names):
         raise ValueError(
-            f"--drafter mtp: {folder.name!r} names {n} MTP layer(s), its weights hold {len(layers)} "
+            f"{who}: {folder.name!r} names {n} MTP layer(s), its weights hold {len(layers)} "
             "(mtp.layers.*) and the fc / norm they need only in part"
         )
     text = raw.get("text_config") or raw
+    H = text.get("hidden_size")
+    norms = ("mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight")
+    shapes = {"mtp.fc.weight": (H, 2 * H)} | dict.fromkeys(norms, (H,)) if isinstance(H, int) else {}
     full = [i for i, t in enumerate(text.get("layer_types") or []) if t == "full_attention"]
+    pairs: dict[str, str] = {}  # an MTP layer's tensor -> the model's full-attention layer's, same shape
     if full and not beside:  # an MTP layer is a full-attention layer of the model's own kind: its weights
         want = {k.split(".", 2)[2] for k in names if k.startswith(f"layers.{full[-1]}.")}
         have = {k.split(".", 3)[3] for k in names if k.startswith("mtp.layers.0.")}
         if want - have:
             raise ValueError(
-                f"--drafter mtp: {folder.name!r}'s mtp.layers.0 lacks {sorted(want - have)[:3]} of a "
+                f"{who}: {folder.name!r}'s mtp.layers.0 lacks {sorted(want - have)[:3]} of a "
                 "full-attention layer of the model"
+            )
+        pairs = {f"mtp.layers.0.{k}": f"layers.{full[-1]}.{k}" for k in sorted(want)}
+    asked = [k for k in dict.fromkeys([*shapes, *pairs, *pairs.values()]) if k in full_name]
+    read = _shapes(where, [full_name[k] for k in asked])
+    got = {k: read[full_name[k]] for k in asked}
+    for k, shape in (shapes | {a: got.get(b) for a, b in pairs.items()}).items():
+        if got.get(k) is not None and shape is not None and got[k] != shape:
+            raise ValueError(
+                f"{who}: {folder.name!r}'s {k} is {list(got[k])}, the model (hidden size {H}) needs "
+                f"{list(shape)}: not this model's MTP layers"
             )
     return n
 
@@ -218,15 +255,27 @@ def add_mtp(source: str | Path, target: str | Path) -> Path:
     """Copy the MTP layers of the original checkpoint `source` beside a conversion of it, `target` (an MLX
     conversion, whose converter dropped them): a new file `target/mtp.safetensors` with the `mtp.*` tensors
     as the original has them and their layer count in its metadata; nothing in `target` is changed or
-    replaced (an existing file of that name is refused). One line of ValueError where `source` has none or
-    `target` is not a model of the same shape."""
+    replaced (an existing file of that name is refused). The file is written under a staging name and
+    linked into place; a staging file an interrupted run left is removed first. One line of ValueError
+    where `source` has none, is `target`, or `target` is not a model of the same shape."""
+    import os
+    import tempfile
+
     from safetensors.torch import save_file
 
     from specdec.models import read_config
-    from specdec.records import atomic_write_bytes
 
     source, target = Path(source), Path(target)
-    n = check_mtp_folder(source)
+    if not source.is_dir():
+        raise ValueError(f"add-mtp: the original checkpoint {str(source)!r} does not exist (or is no folder)")
+    if not target.is_dir():
+        raise ValueError(f"add-mtp: the conversion {str(target)!r} does not exist (or is not a folder)")
+    if source.resolve() == target.resolve():
+        raise ValueError(
+            f"add-mtp: {str(source)!r} is both the original and the conversion; give the original "
+            "checkpoint first and the conversion that dropped its MTP layers second"
+        )
+    n = check_mtp_folder(source, who="add-mtp")
     if not (target / "config.json").is_file():
         raise ValueError(f"{str(target)!r} is not a model folder (no config.json)")
     if (target / MTP_FILE).exists():
@@ -246,11 +295,18 @@ def add_mtp(source: str | Path, target: str | Path) -> Path:
 
         with safe_open(str(f), framework="pt") as h:
             tensors |= {k: h.get_tensor(k) for k in h.keys() if k.startswith("mtp.")}  # noqa: SIM118
-    import tempfile
-
-    with tempfile.TemporaryDirectory(dir=target) as tmp:  # beside it: the rename stays on one disk
-        save_file(tensors, str(Path(tmp) / MTP_FILE), metadata={"mtp_num_hidden_layers": str(n)})
-        atomic_write_bytes(target / MTP_FILE, (Path(tmp) / MTP_FILE).read_bytes())
+    for stale in target.glob(f".{MTP_FILE}.*.tmp"):  # what an interrupted add-mtp left (only ours)
+        stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{MTP_FILE}.", suffix=".tmp", dir=target)  # beside: one disk
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"mtp_num_hidden_layers": str(n)})
+        os.chmod(tmp, 0o644)
+        os.link(tmp, target / MTP_FILE)  # fails rather than replace a file that appeared meanwhile
+    except FileExistsError:
+        raise ValueError(f"{str(target / MTP_FILE)!r} appeared while copying; left as it is") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return target / MTP_FILE
 
 
