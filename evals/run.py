@@ -244,21 +244,24 @@ def run_eval(
                 queue.insert(i + 1, _Item(item.record, second_turn_messages(item.record, answer), 2))
             _progress(bar, spec_res, base_res)
             i += 1
+        result = _eval_result(
+            verifier, drafter, cfg, spec_res, base_res, peer_runs, peer_notes, turns=turns,
+            warm_info=warm_info, config_extra=config_extra,
+        )  # fmt: skip
+        if out is not None and jsonl is not None:
+            atomic_write_json(out / "result.json", result, before_rename=jsonl.commit)
+    except BaseException:  # interrupted, refused or failed: no staging file left behind
+        if jsonl is not None:
+            jsonl.discard()
+        raise
     finally:
         bar.close()
         if jsonl is not None:
             jsonl.close()
-    result = _eval_result(
-        verifier, drafter, cfg, spec_res, base_res, peer_runs, peer_notes, turns=turns, warm_info=warm_info,
-        config_extra=config_extra,
-    )  # fmt: skip
-    if out is not None:
-        assert jsonl is not None
-        atomic_write_json(out / "result.json", result, before_rename=jsonl.commit)
-        if report:
-            from specdec.evals.report import write_report
+    if out is not None and report:
+        from specdec.evals.report import write_report
 
-            write_report(result, out)
+        write_report(result, out)
     return result
 
 

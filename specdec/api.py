@@ -7,6 +7,7 @@ result = run(v, ["Hello"], drafter=load_drafter("prompt-lookup", verifier=v), ou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -221,6 +222,8 @@ class RunSpec:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"--costs {self.costs!r}: cannot read a JSON cost table ({e})") from None
         VerifyCosts.from_table(table, source=self.costs)  # a malformed table fails here, before any load
+        model = None if self.verifier == "stub" else self.model
+        VerifyCosts.check_measured_on(table, source=self.costs, runtime=self.verifier, model=model)
         return table
 
 
@@ -276,6 +279,9 @@ def load(spec: RunSpec, *, log: Callable[[str], None] = _log) -> Loaded:
         spec.verifier, spec.model, dtype=spec.dtype, device=spec.verifier_device or spec.device
     )
     log(f"dtype {dtype} ({why})")
+    if table:  # its dtype, now that "auto" chose one
+        VerifyCosts.check_measured_on(table, source=str(spec.costs), runtime=spec.verifier, model=None,
+                                      dtype=dtype)  # fmt: skip
     costs = None
     if spec.auto_block or spec.auto_cut:
         costs = VerifyCosts.from_table(table, source=spec.costs) if table else VerifyCosts.measure(verifier)
@@ -347,27 +353,24 @@ def run(
     for ids in encoded:
         check_request(verifier, ids, drafter, cfg)
     jsonl = JsonlWriter(steps_path(out_path)) if out_path else None
-    results: list[PromptResult] = []
-    try:
+    with jsonl or contextlib.nullcontext():  # interrupted or failed: its staging file goes too
         from tqdm import tqdm
 
         bar = tqdm(
             total=len(encoded), desc="prompts", disable=not progress or len(encoded) < 2, file=sys.stderr
         )
+        results: list[PromptResult] = []
         for i, ids in enumerate(encoded):
             results.append(generate(verifier, ids, drafter=drafter, cfg=cfg, prompt_id=str(i), jsonl=jsonl))
             tau = summarize(results)["acceptance_length_mean"]
             bar.set_postfix(tau=f"{tau:.2f}" if tau else "-")
             bar.update()
         bar.close()
-    finally:
-        if jsonl:
-            jsonl.close()
-    device = str(drafter.device) if drafter is not None else "cpu"
-    result = run_json(
-        config=run_config(verifier, drafter, cfg, **(config_extra or {})), results=results, device=device
-    )
-    if out_path:
-        assert jsonl is not None
-        atomic_write_json(out_path, result, before_rename=jsonl.commit)
+        device = str(drafter.device) if drafter is not None else "cpu"
+        result = run_json(
+            config=run_config(verifier, drafter, cfg, **(config_extra or {})), results=results, device=device
+        )
+        if out_path:
+            assert jsonl is not None
+            atomic_write_json(out_path, result, before_rename=jsonl.commit)
     return result

@@ -57,6 +57,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if (args.prompt is None) == (args.messages is None):
         raise ValueError("give either --prompt TEXT or --messages JSON")
+    if args.prompt == "":  # as the server refuses it: nothing to continue
+        raise ValueError("--prompt is empty: give the text to continue (or --messages)")
     out = check_output_path(args.out) if args.out is not None else None  # before any work
     prompt = (
         _messages_arg(args.messages) if args.messages is not None else check_text(args.prompt, "--prompt")

@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,28 @@ class VerifyCosts:
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise ValueError(f"malformed cost table ({type(e).__name__}: {e})") from None
         return cls.from_seconds(mean, source=source)
+
+    @staticmethod
+    def check_measured_on(
+        table: Mapping[str, Any], *, source: str, runtime: str, model: str | None, dtype: str | None = None
+    ) -> None:
+        """A one-line ValueError where the table (`specdec bench-verify --out`) names the model it was
+        measured on and that is not this run's: its `runtime`, `model` (a name, folder or repo id; None:
+        not compared) and, once known, `dtype`. A table that names none is taken as it is."""
+        on = table.get("verifier") if isinstance(table, Mapping) else None
+        if not isinstance(on, Mapping):
+            return
+        name = Path(str(model)).name if model is not None else None
+        have = {"runtime": runtime, "model": name, "dtype": dtype}
+        for key, value in have.items():
+            theirs = on.get(key)
+            if value is None or theirs is None:
+                continue
+            if theirs != value:
+                raise ValueError(
+                    f"--costs {source!r} was measured with {key} {theirs!r}, this run's is {value!r}: "
+                    f"measure this one with `specdec bench-verify ... --out` (or leave --costs out)"
+                )
 
     @classmethod
     def measure(cls, verifier: Verifier, *, context: int = 400, reps: int = 5) -> VerifyCosts:

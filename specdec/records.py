@@ -256,10 +256,11 @@ def staging_dir(parent: str | os.PathLike[str], name: str) -> Path:
 
 
 class JsonlWriter:
-    """Appends one JSON object per line and flushes each, so a crash keeps every finished step. Lines go to
-    a staging file beside `path` (`.<name>.<random>.tmp`, created new: a link planted there is never
-    followed) and only `commit()` renames it to `path`, so a run that fails or is interrupted never replaces
-    (or truncates) the steps of an earlier run; its partial steps stay in the staging file (`tmp`)."""
+    """Appends one JSON object per line and flushes each. Lines go to a staging file beside `path`
+    (`.<name>.<random>.tmp`, created new: a link planted there is never followed) and only `commit()`
+    renames it to `path`, so a run that fails, is refused or is interrupted never replaces (or truncates)
+    the steps of an earlier run; `discard()` (or leaving a `with` block by an exception) removes the
+    staging file, so nothing is left behind either."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -282,10 +283,17 @@ class JsonlWriter:
         os.chmod(self.tmp, 0o666 & ~_umask())
         os.replace(self.tmp, self.path)
 
+    def discard(self) -> None:
+        """Close and remove the staging file (a no-op for what `commit` already moved into place)."""
+        self.close()
+        self.tmp.unlink(missing_ok=True)
+
     def __enter__(self) -> JsonlWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if kind is not None:
+            self.discard()
         self.close()
 
 
