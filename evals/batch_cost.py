@@ -3,14 +3,16 @@ batch, their verifies run together) against today's serial server (one engine, r
 one run on this machine, 1 / 2 / 4 / 8 concurrent clients; SmolLM2-135M in bf16 on the HF verifier with
 the bundled drafter + prompt lookup by default (`--verifier mlx`: the MLX verifier, its drafter in MLX).
 
-    python -m specdec.evals.batch_cost --out docs/history/batch-cost-2026-12-06.json
+    python -m specdec.evals.batch_cost --rounds 3 --out docs/history/batch-cost-rounds-2026-12-07.json
     python -m specdec.evals.batch_cost --verifier mlx --out docs/history/batch-cost-mlx-2026-12-06.json
 
-Both servers run in this process on a free local port, one after the other, over the same loaded model.
-After an untimed warm-up, per N in `--clients`: N clients post a chat completion each at once (greedy,
-`--max-new-tokens`, prompts from `PROMPTS`); the wall time until the last answer, the aggregate completion
-tokens/s, each client's latency (mean, worst), and whether every answer was the same from both servers (it
-must be: the batch is exact or refused).
+Both servers run in this process at once, each on a free local port, over the same loaded model. After an
+untimed warm-up of each, per round (`--rounds`) and per N in `--clients`: N clients post a chat completion
+each at once (greedy, `--max-new-tokens`, prompts from `PROMPTS`) to one server, then to the other, the
+order alternating between rounds, so both see the same machine state; the wall time until the last answer,
+the aggregate completion tokens/s, each client's latency (mean, worst), and whether every answer was the
+same from both servers (it must be: the batch is exact or refused). Per N the speedup of every round, its
+median and its spread (min, max): a claim is only as good as the smallest round.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         help="auto: both servers' drafts cut by the verify costs measured here (as `specdec serve "
         "--min-confidence auto`); 0: whole blocks",
     )  # fmt: skip
+    p.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds of serial and batched")
     p.add_argument("--out", help="write the figures here (JSON)")
     p.set_defaults(func=_run)
     return p
@@ -81,7 +84,7 @@ def _clients(url: str, n: int, max_tokens: int) -> dict[str, Any]:
     """N clients at once, one chat completion each: wall time, tokens, latencies, the answers."""
     import httpx
 
-    out: dict[int, tuple[float, str, int]] = {}
+    out: dict[int, tuple[float, str, int, dict[str, Any]]] = {}
 
     def ask(i: int) -> None:
         body = {"model": "m", "max_tokens": max_tokens, "temperature": 0,
@@ -92,6 +95,7 @@ def _clients(url: str, n: int, max_tokens: int) -> dict[str, Any]:
             time.perf_counter() - t0,
             r["choices"][0]["message"]["content"],
             r["usage"]["completion_tokens"],
+            r["specdec"],
         )
 
     t0 = time.perf_counter()
@@ -102,8 +106,12 @@ def _clients(url: str, n: int, max_tokens: int) -> dict[str, Any]:
         t.join()
     wall = time.perf_counter() - t0
     lat, tokens = [out[i][0] for i in range(n)], sum(out[i][2] for i in range(n))
+    stats = [out[i][3] for i in range(n)]
+    steps = sum(st["n_steps"] for st in stats)  # decode steps: each verifies its drafts + 1 token
     return {"wall_s": round(wall, 3), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
             "latency_mean_s": round(statistics.mean(lat), 3), "latency_max_s": round(max(lat), 3),
+            "verified_per_step": round((sum(st["drafted"] for st in stats) + steps) / steps, 2),
+            "accepted_per_step": round(sum(st["accepted"] for st in stats) / steps, 2),
             "answers": [out[i][1] for i in range(n)]}  # fmt: skip
 
 
@@ -136,24 +144,33 @@ def _run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {**figures_header("specdec.evals.batch_cost"), "verifier": args.verifier,
                               "model": args.model, "drafter": args.drafter, "dtype": args.dtype,
                               "max_batch": args.max_batch, "block_size": args.block_size,
-                              "min_confidence": args.min_confidence,
+                              "min_confidence": args.min_confidence, "rounds": args.rounds,
                               "clients": {}}  # fmt: skip
-    runs: dict[str, dict[int, Any]] = {"serial": {}, "batched": {}}
-    for name, app in (("serial", serial_app), ("batched", batched_app)):
-        server = _Server(app)
-        try:
+    servers = {"serial": _Server(serial_app), "batched": _Server(batched_app)}
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in args.clients}
+    try:
+        for server in servers.values():
             _clients(server.url, 2, 4)  # warm-up: weights packed, caches grown
+        for r in range(args.rounds):
+            order = ("serial", "batched") if r % 2 == 0 else ("batched", "serial")
             for n in args.clients:
-                runs[name][n] = _clients(server.url, n, args.max_new_tokens)
-        finally:
+                got = {name: _clients(servers[name].url, n, args.max_new_tokens) for name in order}
+                s, b = got["serial"], got["batched"]
+                same = s.pop("answers") == b.pop("answers")
+                speedup = round(s["wall_s"] / b["wall_s"], 2)
+                runs[n].append({"same_answers": same, "first": order[0], "serial": s, "batched": b,
+                                "speedup": speedup})  # fmt: skip
+    finally:
+        for server in servers.values():
             server.stop()
-    for n in args.clients:
-        s, b = runs["serial"][n], runs["batched"][n]
+    for n, rounds in runs.items():
+        ups = [x["speedup"] for x in rounds]
+        tps = {k: statistics.median(x[k]["tokens_per_s"] for x in rounds) for k in ("serial", "batched")}
         result["clients"][n] = {
-            "same_answers": s.pop("answers") == b.pop("answers"), "serial": s, "batched": b,
-            "speedup": round(s["wall_s"] / b["wall_s"], 2),
+            "same_answers": all(x["same_answers"] for x in rounds), "speedup_median": statistics.median(ups),
+            "speedup_min": min(ups), "speedup_max": max(ups), "tokens_per_s_median": tps, "rounds": rounds,
         }  # fmt: skip
-    result["forwards_by_calls"] = {k: batch.sizes.count(k) for k in sorted(set(batch.sizes))}
+    result["forwards_by_calls"] = dict(sorted(batch.forwards.items()))
     emit_figures(result, args.out)
     return 0
 

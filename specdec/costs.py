@@ -239,10 +239,37 @@ def measure_tree_costs(
 #: `--max-batch auto` doubles the requests served at once while the doubling raises the measured rate of
 #: committed steps by at least this much (past the knee, more at once only adds to each one's latency)
 MIN_BATCH_GAIN = 1.1
-#: with drafts cut by the verify costs (`--min-confidence auto`), `--max-batch auto` measures steps of this
-#: many tokens instead of the drafter's whole block: the cut steps verified 3.3 tokens on average here,
-#: SmolLM2-135M's bundled drafter + lookup at eight clients (docs/batching.md)
-CUT_STEP_TOKENS = 4
+#: what `cut_step_tokens` decodes to see how many tokens a step with drafts cut by cost verifies
+WARMUP_PROMPT = "Explain how a bicycle works, step by step."
+WARMUP_TOKENS = 32
+
+
+def warmup_ids(verifier: Verifier) -> list[int]:
+    """`WARMUP_PROMPT` as a chat turn where the model has a template, as text where it has only a tokenizer,
+    as spread token ids where it has none."""
+    from specdec.chat import encode_prompt
+    from specdec.measure import probe_ids
+
+    if verifier.tokenizer is None:
+        return probe_ids(verifier.vocab_size, 16)
+    try:
+        return encode_prompt(verifier, [{"role": "user", "content": WARMUP_PROMPT}])
+    except ValueError:  # no chat template
+        return encode_prompt(verifier, WARMUP_PROMPT)
+
+
+def cut_step_tokens(verifier: Verifier, drafter: Drafter, block_size: int) -> int:
+    """The tokens a step verifies on this model with this drafter where its drafts are cut by the verify
+    costs (`--min-confidence auto`): the mean of drafts + 1 over the decode steps of `WARMUP_TOKENS`
+    greedy tokens of `WARMUP_PROMPT` (as a chat turn where the model has a template), rounded up, at
+    most `block_size`. What `--max-batch auto` measures steps of, instead of the whole block."""
+    from specdec.engine import DecodeConfig, generate
+
+    cfg = DecodeConfig(max_new_tokens=WARMUP_TOKENS, block_size=block_size)
+    steps = generate(verifier, warmup_ids(verifier), drafter=drafter, cfg=cfg).decode_steps
+    if not steps:
+        return block_size
+    return min(block_size, math.ceil(statistics.mean(s.drafted + 1 for s in steps)))
 
 
 def choose_max_batch(

@@ -17,7 +17,7 @@ import contextlib
 import statistics
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -48,7 +48,9 @@ class Rendezvous:
         self._back: dict[Any, float] = {}  # member -> when its last call returned (or it joined)
         self._think: dict[Any, deque[float]] = {}  # member -> its last times from a return to its next call
         self._waiting: dict[Any, list[Any]] = {}  # in arrival order: [tokens, last_only, result]
-        self.sizes: list[int] = []  # the calls of each forward run, in order (what benchmarks read)
+        #: how many forwards ran how many calls together (what benchmarks and tests read): a count per
+        #: size, so a server that runs for weeks keeps a few integers, not one per forward
+        self.forwards: Counter[int] = Counter()
 
     @property
     def lock(self) -> threading.Condition:
@@ -131,7 +133,7 @@ class Rendezvous:
             for group in self._groups(calls):
                 for (seq, slot), result in zip(group, self._forward(group), strict=True):
                     slot[2], seq.batch_size = result, len(group)  # `BatchedCalls.batch_size`
-                self.sizes.append(len(group))
+                self.forwards[len(group)] += 1
         except Exception as e:  # every waiting call gets the error, none waits forever
             for _, slot in calls:
                 slot[2] = e if slot[2] is None else slot[2]

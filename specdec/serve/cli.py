@@ -151,7 +151,8 @@ def _engines(spec: Any, m: Any, args: argparse.Namespace, *, batchable: bool) ->
 
 def _batch_size(m: Any, asked: int | str, *, batchable: bool, cut: bool = False) -> tuple[int, Any]:
     """(requests at once, their batch or None) for `--max-batch`: as asked, or for `auto` measured here,
-    with steps of the drafter's block or (`cut`: drafts cut by cost) of `costs.CUT_STEP_TOKENS`."""
+    with steps of the drafter's block or (`cut`: drafts cut by cost) of what a cut step verified on a
+    warm-up decode here (`costs.cut_step_tokens`)."""
     from specdec.batch import batch_of
 
     if asked != "auto":
@@ -163,10 +164,10 @@ def _batch_size(m: Any, asked: int | str, *, batchable: bool, cut: bool = False)
     except ValueError as e:
         print(f"max batch 1: {e}", file=sys.stderr)
         return 1, None
-    from specdec.costs import CUT_STEP_TOKENS, choose_max_batch, measure_costs
+    from specdec.costs import choose_max_batch, cut_step_tokens, measure_costs
 
     draft_s = measure_costs(m.verifier, m.drafter, context=128, sizes=(1, 2), reps=3)[1] if m.drafter else 0.0
-    block = min(m.block_size, CUT_STEP_TOKENS) if cut else m.block_size
+    block = cut_step_tokens(m.verifier, m.drafter, m.block_size) if cut and m.drafter else m.block_size
     n, why = choose_max_batch(batch, block=block, draft_s=draft_s or 0.0)
     print(f"max batch {n}: {why}", file=sys.stderr)
     return n, batch if n > 1 else None
