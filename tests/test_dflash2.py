@@ -282,10 +282,7 @@ def test_real_models_speculative_equals_autoregressive(model, runtime, tmp_path)
     which propose the same tokens with the same acceptance."""
     from specdec.api import load_drafter, load_verifier
     from specdec.chat import encode_prompt
-    from specdec.models import model_dir
 
-    if not (model_dir(model) / "config.json").is_file():
-        pytest.skip(f"{model} is not cached")
     if runtime == "mlx":
         pytest.importorskip("mlx_lm")
     v = load_verifier(runtime, model, dtype="float32")

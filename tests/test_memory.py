@@ -71,7 +71,7 @@ def test_linux_cpu_real_peak_grows_and_resets(monkeypatch):
     out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT], capture_output=True, text=True, check=True)
     readings = json.loads(out.stdout)
     if readings is None:
-        pytest.skip("/proc/self/clear_refs is not writable here")
+        pytest.skip("needs /proc (Linux) with a writable /proc/self/clear_refs, not so here")
     base, big, small = readings
     assert base["source"] == "linux:VmHWM"
     assert base["kind"] == big["kind"] == small["kind"] == "process_peak"

