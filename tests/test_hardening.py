@@ -324,20 +324,24 @@ def test_a_refused_or_interrupted_run_keeps_the_earlier_result_and_steps(tmp_pat
     # refused: a prompt that does not fit the context
     assert main(["generate", "--prompt", "x" * 5000, "--out", str(out)]) == 2
     assert (out.read_bytes(), (tmp_path / "r.steps.jsonl").read_bytes()) == before
-    # interrupted after some steps
+    interrupt_after_steps(monkeypatch, 3)
+    assert main(["generate", "--prompt", "hello", "--max-new-tokens", "20", "--out", str(out)]) == 1
+    assert (out.read_bytes(), (tmp_path / "r.steps.jsonl").read_bytes()) == before
+
+
+def interrupt_after_steps(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Every run from now on is interrupted (KeyboardInterrupt, as Ctrl-C) at its step n + 1."""
     import specdec.engine as engine
 
     real, calls = engine.StepRecord, []
 
     def interrupting(**kw):
         calls.append(1)
-        if len(calls) > 3:
+        if len(calls) % (n + 1) == 0:
             raise KeyboardInterrupt
         return real(**kw)
 
     monkeypatch.setattr(engine, "StepRecord", interrupting)
-    assert main(["generate", "--prompt", "hello", "--max-new-tokens", "20", "--out", str(out)]) == 1
-    assert (out.read_bytes(), (tmp_path / "r.steps.jsonl").read_bytes()) == before
 
 
 def test_a_full_disk_at_the_result_keeps_the_earlier_result_and_steps(tmp_path, monkeypatch, capsys):

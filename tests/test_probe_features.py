@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
 import tinymodels  # noqa: E402
-from test_hardening import _stub_drafter_folder  # noqa: E402
+from test_hardening import _stub_drafter_folder, interrupt_after_steps  # noqa: E402
 from test_server import _serve  # noqa: E402
 
 from specdec.cli import main  # noqa: E402
@@ -330,23 +330,12 @@ def test_a_wrong_shaped_mtp_tensor_is_named_before_the_verifier_loads(qwen35, tm
 def test_an_interrupted_or_refused_run_leaves_no_staging_file(tmp_path, monkeypatch, capsys):
     """SIGINT during `generate --out d/r.json` left `d/.r.steps.jsonl.<random>.tmp`, one more per
     interrupt; an eval refused mid-way (its second turn) did the same."""
-    import specdec.engine as engine
-
     out = tmp_path / "d" / "r.json"
-    real, calls = engine.StepRecord, []
-
-    def interrupting(**kw):
-        calls.append(1)
-        if len(calls) > 3:
-            raise KeyboardInterrupt
-        return real(**kw)
-
-    monkeypatch.setattr(engine, "StepRecord", interrupting)
-    for _ in range(2):
-        calls.clear()
-        assert main(["generate", "--prompt", "hello", "--max-new-tokens", "20", "--out", str(out)]) == 1
+    with monkeypatch.context() as m:
+        interrupt_after_steps(m, 3)
+        for _ in range(2):
+            assert main(["generate", "--prompt", "hello", "--max-new-tokens", "20", "--out", str(out)]) == 1
     assert not list((tmp_path / "d").iterdir())
-    monkeypatch.setattr(engine, "StepRecord", real)
     assert main(["generate", "--prompt", "hello", "--max-new-tokens", "4", "--out", str(out)]) == 0
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["r.json", "r.steps.jsonl"]
 
