@@ -121,8 +121,8 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
 def _min_confidence(args: argparse.Namespace) -> float | str:
     """`--min-confidence` as given; else on a CPU, for a bundled drafter's chains, "auto" (drafts cut where
     they commit the most tokens per verify cost, measured at start, as the main job cuts them: on this
-    project's CPU the batched server's eight clients get 3.08x the serial one's rate so, 2.38x with whole
-    blocks, docs/batching.md); 0 (whole blocks) otherwise."""
+    project's AVX-512-bf16 CPU the batched server's eight clients got 2.7-3.1x the serial one's rate so in
+    single runs, 2.0-2.4x with whole blocks, docs/batching.md); 0 (whole blocks) otherwise."""
     if args.min_confidence is not None:
         return args.min_confidence
     bundled = DrafterSpec.parse(args.drafter).base.bundled is not None
