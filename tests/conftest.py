@@ -48,8 +48,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(autouse=True)
 def _one_thread_for_tiny_models(request: pytest.FixtureRequest):
     """Tiny models spend their time in thread hand-offs, not arithmetic: one intra-op thread is several
-    times faster (and immune to a busy machine). Real-model tests (`slow`) keep the default."""
-    if request.node.get_closest_marker("slow"):
+    times faster (and immune to a busy machine). Real-model tests (`slow`) keep the default, except under
+    pytest-xdist (`-n 2`), where the other worker holds the other core and a second thread would only wait."""
+    if request.node.get_closest_marker("slow") and not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
     n = torch.get_num_threads()

@@ -24,6 +24,9 @@ from specdec.verifiers.stub import StubConfig, StubVerifier
 V = 6
 PROMPT = [1, 4, 2]
 N_SAMPLES = 2000
+#: a negative control draws half of that: a broken rule caught with fewer samples is caught with more
+#: too (the test's power grows with the samples), and the control costs half the time
+N_BROKEN = 1000
 ALPHA = 1e-3  # false-alarm rate per test
 
 
@@ -111,12 +114,14 @@ def chi2_stat(counts: Counter, expected: dict[tuple[int, ...], float], n: int) -
     return stat, bins - 1
 
 
-def sample_joint(v: StubVerifier, sp: SamplingParams, block_size: int, drafter=None) -> Counter:
-    """The first three tokens of N_SAMPLES seeded runs (drafter None: the test's own model drafter)."""
+def sample_joint(
+    v: StubVerifier, sp: SamplingParams, block_size: int, drafter=None, n: int = N_SAMPLES
+) -> Counter:
+    """The first three tokens of `n` seeded runs (drafter None: the test's own model drafter)."""
     if drafter is None:
         drafter = ModelDrafter() if block_size > 1 else None
     counts: Counter = Counter()
-    for seed in range(N_SAMPLES):
+    for seed in range(n):
         cfg = DecodeConfig(max_new_tokens=3, block_size=block_size, stop_token_ids=frozenset(),
                            sampling=SamplingParams(**{**sp.__dict__, "seed": seed}))  # fmt: skip
         counts[tuple(generate(v, PROMPT, drafter=drafter, cfg=cfg).output_tokens)] += 1
@@ -139,8 +144,11 @@ def check_walk_distribution(
 
         monkeypatch.setattr(walker, "propose_walk", shifted)
     sp = SamplingParams(temperature=1.0, rule="rejection", proposal="sample")
-    stat, df = chi2_stat(sample_joint(v, sp, 4, drafter), exact_joint(reference or v, sp), N_SAMPLES)
-    assert (stat > chi2_threshold(df, 1e-3)) if broken else (stat < chi2_threshold(df, 1e-3)), (stat, df)
+    n = N_BROKEN if broken else N_SAMPLES
+    stat, df = chi2_stat(sample_joint(v, sp, 4, drafter, n=n), exact_joint(reference or v, sp), n)
+    limit = chi2_threshold(df, 1e-3)
+    print(f"chi-square {stat:.1f} against {limit:.1f} (df {df}, {n} samples)")
+    assert (stat > limit) if broken else (stat < limit), (stat, limit, df)
 
 
 SETTINGS = [
