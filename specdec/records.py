@@ -18,6 +18,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -132,8 +133,20 @@ def _off_top1(steps: Sequence[StepRecord]) -> float:
     return sum(any(r != 0 for r in s.tree_ranks) for s in won) / len(won) if won else 0.0
 
 
+def _cpu_name() -> str | None:
+    """The CPU's model name (Linux's /proc/cpuinfo; elsewhere what `platform` knows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def environment(device: str | None = None) -> dict[str, Any]:
-    """Where the run happened: platform, python and library versions, device."""
+    """Where the run happened: platform, CPU, python and library versions, device."""
     versions = {}
     for pkg in ("specdec", "torch", "numpy", "mlx", "mlx-lm", "transformers"):
         try:
@@ -145,6 +158,7 @@ def environment(device: str | None = None) -> dict[str, Any]:
         "system": platform.system(),
         "machine": platform.machine(),
         "processor": platform.processor() or None,
+        "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "versions": versions,
@@ -314,6 +328,7 @@ def run_json(
         summary["speedup"] = summary["tokens_per_s"] / base["tokens_per_s"] if ok else None
     out = {
         "schema_version": SCHEMA_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": config,
         "environment": environment(device),
         "prompts": [r.to_json() for r in results],
