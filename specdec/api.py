@@ -34,6 +34,7 @@ from specdec.dtypes import check_device_dtype, resolve_dtype, torch_dtype
 from specdec.engine import DecodeConfig, check_request, decode_config, generate
 from specdec.extras import require
 from specdec.kernels import MAX_VERIFY_TOKENS
+from specdec.processors import LogitsParams
 from specdec.protocols import Drafter, TreeVerify, Verifier
 from specdec.records import (
     JsonlWriter,
@@ -257,12 +258,13 @@ class Loaded:
         sampling: SamplingParams | None = None,
         stop_token_ids: frozenset[int] | None = None,
         max_context: int | None = None,
+        logits: LogitsParams | None = None,
     ) -> DecodeConfig:
         """A run of what was loaded: its drafter's blocks of `block_size` and its tree budget, or the
         autoregressive baseline where no drafter was loaded (`specdec.engine.decode_config`)."""
         return decode_config(
             self.drafter, block_size=self.block_size, tree=self.tree, max_new_tokens=max_new_tokens,
-            sampling=sampling, stop_token_ids=stop_token_ids, max_context=max_context,
+            sampling=sampling, stop_token_ids=stop_token_ids, max_context=max_context, logits=logits,
         )  # fmt: skip
 
 

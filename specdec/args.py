@@ -10,6 +10,7 @@ everywhere (prompt lookup, which has none, drafts blocks of 16). Commands give t
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -19,17 +20,20 @@ from specdec.api import DRAFTER_RUNTIMES, LOOKUP_BLOCK_SIZE, RUNTIMES, RunSpec
 from specdec.drafting.model import MODEL_BLOCK_SIZE
 from specdec.extras import missing_extra
 from specdec.kernels import MAX_VERIFY_TOKENS
+from specdec.processors import LogitsParams
 from specdec.sampling import PROPOSALS, RULES, SamplingParams
 
 __all__ = [
     "Parser",
     "add_drafter_args",
+    "add_logits_args",
     "add_max_new_tokens",
     "add_sampling_args",
     "add_verifier_args",
     "at_least",
     "finite",
     "int_list",
+    "logits_of",
     "run_command",
     "run_main",
     "run_spec",
@@ -171,6 +175,42 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--proposal", choices=PROPOSALS, default="argmax", help="T>0: how the drafter picks drafts"
     )
+
+
+def add_logits_args(p: argparse.ArgumentParser) -> None:
+    """Logit bias and penalties, applied inside verification (`specdec.processors`)."""
+    p.add_argument("--logit-bias", metavar="JSON", help='{"token id": bias, ...}, bias in [-100, 100]')
+    p.add_argument("--repetition-penalty", type=finite(0), default=1.0, help="CTRL's, >1 penalizes (1: off)")
+    p.add_argument("--presence-penalty", type=finite(-2, 2), default=0.0, help="OpenAI's, -2..2")
+    p.add_argument("--frequency-penalty", type=finite(-2, 2), default=0.0, help="OpenAI's, -2..2")
+    p.add_argument(
+        "--penalty-context", type=at_least(1),
+        help="penalize the last N tokens of prompt and output (mlx_lm's windows; default: the output for "
+        "presence / frequency, prompt and output for repetition)",
+    )  # fmt: skip
+
+
+def logits_of(args: argparse.Namespace) -> LogitsParams | None:
+    """The options of `add_logits_args`, checked against the model's vocabulary where it is known before
+    loading; None where none changes a logit."""
+    bias = {}
+    if args.logit_bias is not None:
+        try:
+            bias = json.loads(args.logit_bias)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--logit-bias is not JSON: {e.msg} at column {e.colno}") from None
+        if not isinstance(bias, dict):
+            raise ValueError('--logit-bias must be a JSON object {"token id": bias, ...}')
+    p = LogitsParams(
+        logit_bias=bias, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, penalty_context=args.penalty_context,
+    )  # fmt: skip
+    from specdec.models import model_shape
+
+    shape = model_shape(args.verifier, args.model)
+    if shape is not None:
+        p.check(shape.vocab_size)
+    return p if p.active else None
 
 
 def sampling_of(args: argparse.Namespace) -> SamplingParams:

@@ -11,12 +11,14 @@ from specdec.api import DRAFTER_RUNTIMES
 from specdec.args import (
     Parser,
     add_drafter_args,
+    add_logits_args,
     add_max_new_tokens,
     add_sampling_args,
     add_verifier_args,
     at_least,
     finite,
     int_list,
+    logits_of,
     run_main,
     run_spec,
     sampling_of,
@@ -63,9 +65,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = (
         _messages_arg(args.messages) if args.messages is not None else check_text(args.prompt, "--prompt")
     )
-    sampling = sampling_of(args)
+    sampling, logits = sampling_of(args), logits_of(args)
     m = load(run_spec(args))
-    cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling)
+    cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling, logits=logits)
     result = run(m.verifier, [prompt], drafter=m.drafter, cfg=cfg, out=out, progress=False)
     text = result["prompts"][0]["text"]
     print(text if text is not None else result["prompts"][0]["output_tokens"])
@@ -202,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
     add_max_new_tokens(g, default=128)
     add_sampling_args(g)
+    add_logits_args(g)
     g.add_argument("--out", help="write the result JSON here (steps go to <out>.steps.jsonl)")
     g.set_defaults(func=cmd_generate)
 

@@ -24,6 +24,7 @@ import torch
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.lease import Run, hold
 from specdec.memory import unmeasured
+from specdec.processors import LogitsParams, Processor
 from specdec.protocols import (
     BatchedCalls,
     Drafter,
@@ -53,6 +54,7 @@ class DecodeConfig:
     max_context: int | None = None  # None: the verifier's limit
     sampling: SamplingParams | None = None  # None or temperature 0: greedy
     tree: TreeBudget | None = None  # verify a tree of drafts per step (`specdec.tree`); None: a chain
+    logits: LogitsParams | None = None  # bias and penalties, applied inside verification (`processors`)
 
     def drafting(self, drafter: Drafter | None) -> Drafter | None:
         """The drafter a run with this config drafts with: None for the autoregressive baseline (no
@@ -69,13 +71,14 @@ def decode_config(
     sampling: SamplingParams | None = None,
     stop_token_ids: frozenset[int] | None = None,
     max_context: int | None = None,
+    logits: LogitsParams | None = None,
 ) -> DecodeConfig:
     """The `DecodeConfig` of a run with `drafter` (None: the autoregressive baseline, blocks of 1 and no
     tree), drafting blocks of `block_size` (None: the drafter's own) and verifying trees within `tree`."""
     block = 1 if drafter is None else block_size or drafter.block_size
     return DecodeConfig(
         max_new_tokens=max_new_tokens, block_size=block, stop_token_ids=stop_token_ids,
-        max_context=max_context, sampling=sampling, tree=tree if block > 1 else None,
+        max_context=max_context, sampling=sampling, tree=tree if block > 1 else None, logits=logits,
     )  # fmt: skip
 
 
@@ -113,6 +116,8 @@ def check_request(
         raise ValueError(
             f"a tree holds 2..{MAX_VERIFY_TOKENS} nodes (tokens per verify), got {cfg.tree.nodes}"
         )
+    if cfg.logits is not None:
+        cfg.logits.check(verifier.vocab_size)
     bad = [t for t in prompt if not 0 <= t < verifier.vocab_size]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary 0..{verifier.vocab_size - 1}")
@@ -158,13 +163,25 @@ def _features(verifier: Verifier, drafter: Drafter, n: int) -> Any:
     return verifier.features(n, device=drafter.device, dtype=drafter.dtype)
 
 
+def _picker(sampler: Sampler | None, proc: Processor | None, paths: Any, pick: Any) -> Any:
+    """The verifier's `sample` callback: logits [T, V] -> its token at each row, the logits processed with
+    each row's path first (`proc`), then `pick` (the sampler's rule) or argmax; None (the verifier picks
+    by argmax on its own side) where there is neither."""
+    if proc is None:
+        return pick if sampler is not None else None
+    if sampler is None:
+        return lambda logits: proc(logits, paths()).argmax(-1).tolist()
+    return lambda logits: pick(proc(logits, paths()))
+
+
 def _verify_tree(
-    verifier: Verifier, tree: Tree, sampler: Sampler | None, pos: int
+    verifier: Verifier, tree: Tree, sampler: Sampler | None, proc: Processor | None, pos: int
 ) -> tuple[list[int], list[int], list[int]]:
     """Verify `tree` and keep its accepted path in the cache: (the path's drafts, the verifier's token after
     each of its nodes, the path's node indices): a chain step that accepted every draft it holds."""
     depths = tree.depths
-    check = (lambda logits: sampler.verify_tree(logits, depths, pos)) if sampler else None
+    paths = lambda: [[tree.tokens[n] for n in tree.path(i)[1:]] for i in range(len(tree))]  # noqa: E731
+    check = _picker(sampler, proc, paths, lambda logits: sampler.verify_tree(logits, depths, pos))
     after = verifier.verify_tree(tree, sample=check)  # [N]: the verifier's token after each node
     path = tree.accept(after)
     verifier.keep_path(path)
@@ -233,14 +250,14 @@ def _finish(
 
 def _prefill(
     verifier: Verifier, drafter: Drafter | None, prompt: Sequence[int], keep: int, sampler: Sampler | None,
-    probes: tuple[MemoryProbe, MemoryProbe | None], finish: Any, rule: str,
+    proc: Processor | None, probes: tuple[MemoryProbe, MemoryProbe | None], finish: Any, rule: str,
 ) -> StepRecord:  # fmt: skip
     """The prompt's rest in one call, its last logits giving the first token; the drafter takes the
     prompt's features."""
     clock, (vprobe, dprobe) = time.perf_counter, probes
     t0 = clock()
     vprobe.reset()
-    first = (lambda logits: [sampler.first(logits, len(prompt))]) if sampler else None
+    first = _picker(sampler, proc, lambda: [()], lambda logits: [sampler.first(logits, len(prompt))])
     token = verifier.prefill(prompt[keep:], sample=first)
     t1 = clock()
     vmem = vprobe.read()
@@ -292,6 +309,7 @@ def _decode(
     clock = time.perf_counter
     sp = cfg.sampling if cfg.sampling is not None and not cfg.sampling.greedy else None
     sampler = Sampler(sp, limit) if sp else None
+    proc = Processor(cfg.logits, prompt) if cfg.logits is not None and cfg.logits.active else None
     rule = sp.rule if sp else "greedy"
     vprobe, dprobe = verifier.memory_probe(), drafter.memory_probe() if drafter else None
     verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
@@ -303,7 +321,9 @@ def _decode(
     def finish(committed: list[int], n_out: int) -> tuple[list[int], str | None]:
         return _finish(committed, n_out, stops, cfg.max_new_tokens)
 
-    record = _prefill(verifier, drafter, prompt, keep, sampler, (vprobe, dprobe), finish, rule)
+    record = _prefill(verifier, drafter, prompt, keep, sampler, proc, (vprobe, dprobe), finish, rule)
+    if proc is not None:
+        proc.commit(record.tokens)
     yield record
     reason, token, index, n_out = record.finish_reason, record.tokens[-1], 0, len(record.tokens)
     while reason is None and not (cancel is not None and cancel.is_set()):
@@ -322,9 +342,10 @@ def _decode(
         t1 = clock()
         vprobe.reset()
         if tree is not None:  # after it, the cache holds the accepted path as a chain would
-            draft, target, path = _verify_tree(verifier, tree, sampler, pos)
+            draft, target, path = _verify_tree(verifier, tree, sampler, proc, pos)
         else:
-            check = (lambda logits: sampler.verify(logits, draft, q, pos)) if sampler else None  # noqa: B023
+            rows = lambda: [draft[:i] for i in range(len(draft) + 1)]  # noqa: E731, B023 (row i's history)
+            check = _picker(sampler, proc, rows, lambda logits: sampler.verify(logits, draft, q, pos))  # noqa: B023
             # [k+1]: the verifier's token after each input; with no drafter the next step's input is this
             # step's output, which an asynchronous runtime can start on before the host sees it
             target = verifier.verify([token, *draft], sample=check, ahead=drafter is None)
@@ -355,6 +376,8 @@ def _decode(
         )  # fmt: skip
         n_out += len(committed)
         token = committed[-1]
+        if proc is not None:
+            proc.commit(committed)
 
 
 def generate(

@@ -55,6 +55,7 @@ from specdec.engine import (
     decode_config,
 )
 from specdec.lease import hold
+from specdec.processors import LogitsParams
 from specdec.protocols import Drafter, RollbackError, Verifier
 from specdec.records import PromptResult, StepRecord, summarize
 from specdec.sampling import SamplingParams
@@ -267,13 +268,16 @@ class StreamingEngine:
         stop: str | Sequence[str] | None = None,
         stop_token_ids: frozenset[int] | None = None,
         cancel: threading.Event | None = None,
+        logits: LogitsParams | None = None,
     ) -> Stream:
-        """Start a run (work happens as the Stream is iterated). Errors a user can cause raise here."""
+        """Start a run (work happens as the Stream is iterated); `logits`: bias and penalties, applied
+        inside verification (`specdec.processors`). Errors a user can cause raise here."""
         ids = self.encode(prompt)
         stops = tuple([stop] if isinstance(stop, str) else (stop or ()))
         if not all(isinstance(s, str) for s in stops):
             raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
-        cfg = replace(self._base, max_new_tokens=max_tokens, stop_token_ids=stop_token_ids, sampling=sampling)
+        limits = {"max_new_tokens": max_tokens, "stop_token_ids": stop_token_ids}
+        cfg = replace(self._base, **limits, sampling=sampling, logits=logits)
         check_request(self.verifier, ids, self.drafter, cfg)
         if stops and self._decode is None:
             raise ValueError(f"stop strings need a tokenizer; verifier {self.verifier.model_name!r} has none")

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from specdec.drafting.checkpoint import DFlashConfig
 from specdec.drafting.dflash import DFlashDrafter
 from specdec.drafting.dflash_model import DFlashDraftModel
 from specdec.engine import DecodeConfig, generate
+from specdec.processors import LogitsParams
 from specdec.sampling import SamplingParams
 from specdec.verifiers.hf import HFVerifier
 from specdec.verifiers.hf_batch import HFBatch
@@ -96,6 +98,11 @@ def dflash(v: Any, *, mlx: bool = False) -> Any:
     return d
 
 
+PROCESSED = LogitsParams(
+    logit_bias={7: 1.5}, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2
+)
+
+
 def requests(v: Any) -> list[Request]:
     """Seven requests, each with drafters of its own (made again on every call: the same ones)."""
     rep = [(7 * i) % 50 + 5 for i in range(12)] * 3  # repeats: prompt lookup drafts
@@ -130,8 +137,10 @@ def requests(v: Any) -> list[Request]:
                 from specdec.drafting.mix import LookupFirstDrafter
 
                 d = LookupFirstDrafter(d, block_size=block)
+        # three requests with logit processors (bias, penalties; one in mlx_lm's windows), each its own
+        logits = {1: PROCESSED, 3: PROCESSED, 4: replace(PROCESSED, penalty_context=8)}.get(i)
         cfg = DecodeConfig(max_new_tokens=14 + 3 * i, block_size=block, stop_token_ids=stops or frozenset(),
-                           sampling=sp)  # fmt: skip
+                           sampling=sp, logits=logits)  # fmt: skip
         out.append(Request(prompt=p, cfg=cfg, drafter=d, prompt_id=str(i)))
     return out
 
@@ -325,7 +334,7 @@ def test_streams_on_sequences_of_a_batch_advance_together(verifier):
     got = at_once(
         lambda i: engines[i].complete(
             list(reqs[i].prompt), max_tokens=reqs[i].cfg.max_new_tokens, sampling=reqs[i].cfg.sampling,
-            stop_token_ids=reqs[i].cfg.stop_token_ids,
+            stop_token_ids=reqs[i].cfg.stop_token_ids, logits=reqs[i].cfg.logits,
         ).output_tokens,
         len(reqs),
     )  # fmt: skip
@@ -350,8 +359,8 @@ def test_a_stalled_member_holds_the_others_up_once(verifier, monkeypatch):
     reqs = requests(verifier)[:2]
     want = [solo(verifier, r) for r in requests(verifier)[:2]]
     a, b = (StreamingEngine(batch.sequence(), r.drafter, block_size=r.cfg.block_size) for r in reqs)
-    kw = [dict(max_tokens=r.cfg.max_new_tokens, sampling=r.cfg.sampling, stop_token_ids=r.cfg.stop_token_ids)
-          for r in reqs]  # fmt: skip
+    kw = [dict(max_tokens=r.cfg.max_new_tokens, sampling=r.cfg.sampling, stop_token_ids=r.cfg.stop_token_ids,
+               logits=r.cfg.logits) for r in reqs]  # fmt: skip
     stalled = a.stream(list(reqs[0].prompt), **kw[0])
     first = next(iter(stalled))  # a member now, and left waiting at its first event
     other = threading.Thread(target=lambda: kw[1].update(out=b.complete(list(reqs[1].prompt), **kw[1])))

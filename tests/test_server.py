@@ -142,10 +142,14 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(served):
         (json.dumps([1, 2]), 400, "JSON object"),
         # fields asking for what the server does not do are refused, not silently ignored
         (json.dumps({**ok, "logprobs": True}), 400, "'logprobs' is not supported"),
-        (json.dumps({**ok, "frequency_penalty": 0.5}), 400, "'frequency_penalty' is not supported"),
+        (json.dumps({**ok, "frequency_penalty": 2.5}), 400, "'frequency_penalty' must be in [-2, 2]"),
+        (json.dumps({**ok, "repetition_penalty": 0}), 400, "'repetition_penalty' must be in (0, 100]"),
+        (json.dumps({**ok, "logit_bias": {"x": 10}}), 400, "logit_bias keys must be token ids"),
+        (json.dumps({**ok, "logit_bias": {"5": 101}}), 400, "logit_bias[5] must be in [-100, 100]"),
+        (json.dumps({**ok, "logit_bias": {"999999": 1}}), 400, "outside the vocabulary"),
+        (json.dumps({**ok, "logit_bias": [5, 10]}), 400, "'logit_bias' must be an object"),
         (json.dumps({**ok, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "'tools'"),
         (json.dumps({**ok, "response_format": {"type": "json_object"}}), 400, "'response_format'"),
-        (json.dumps({**ok, "logit_bias": {"5": 10}}), 400, "'logit_bias'"),
     ]
     for body, status, words in cases:
         r = httpx.post(url, content=body, headers={"content-type": "application/json"})
@@ -162,6 +166,30 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(served):
                     "response_format": {"type": "text"}, "logit_bias": {}}  # fmt: skip
     r = httpx.post(url, json={**ok, **asks_nothing})  # what clients send by default is fine
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == _text(served, ok)
+
+
+def test_bias_and_penalties_are_honoured_as_the_python_api_decodes(served) -> None:
+    """A chat request with a bias and all three penalties: the text the Python API gives with the same
+    `LogitsParams`, different from the plain text; a bad value names its field."""
+    from specdec.processors import LogitsParams
+
+    body = {"model": "stub", "messages": MSGS, "max_tokens": 24, "logit_bias": {"101": 3, "32": -100},
+            "presence_penalty": 0.8, "frequency_penalty": 0.5, "repetition_penalty": 1.4}  # fmt: skip
+    got = _text(served, body)
+    params = LogitsParams(logit_bias={101: 3, 32: -100}, presence_penalty=0.8, frequency_penalty=0.5,
+                          repetition_penalty=1.4)  # fmt: skip
+    want = _engine().complete(MSGS, max_tokens=24, logits=params).text
+    assert got == want and got != _text(served, {"model": "stub", "messages": MSGS, "max_tokens": 24})
+    url = served.url + "/v1/chat/completions"
+    bad_fields = [
+        ({"presence_penalty": -3}, "presence_penalty"),
+        ({"logit_bias": {"1e9": 1}}, "logit_bias"),
+        ({"logit_bias": {"999999": 1}}, "logit_bias"),
+        ({"penalty_context": 0}, "penalty_context"),
+    ]
+    for bad, param in bad_fields:
+        r = httpx.post(url, json={**body, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)
 
 
 def _text(served, body: dict) -> str:

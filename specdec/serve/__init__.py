@@ -15,12 +15,14 @@ Contract:
 - A client that disconnects (streaming or not, running or still queued) cancels its generation within one
   engine step; the next request is served normally.
 - Request fields: messages | prompt, max_tokens (or max_completion_tokens), temperature, top_p, top_k,
-  min_p, seed, stop (string or list), stream, stream_options.include_usage, n (1 only). OpenAI fields it
-  does not honour (logprobs, logit_bias, penalties, tools, a non-text response_format, echo, best_of,
-  suffix) are refused unless they ask for nothing (`protocol.UNHONOURED`); other unknown fields are
-  ignored. max_tokens policy (as vLLM): max_tokens must be >= 1 and prompt + max_tokens must fit the
-  context (--max-context, default the model's), else 400 naming the sizes; without max_tokens the reply
-  may use min(--default-max-tokens, what is left of the context).
+  min_p, seed, stop (string or list), stream, stream_options.include_usage, n (1 only), logit_bias,
+  presence_penalty, frequency_penalty, repetition_penalty, penalty_context (`specdec.processors`, applied
+  inside verification: exact under speculation). OpenAI fields it does not honour (logprobs, tools, a
+  non-text response_format, echo, best_of, suffix) are refused unless they ask for nothing
+  (`protocol.UNHONOURED`); other unknown fields are ignored. max_tokens policy (as vLLM): max_tokens must
+  be >= 1 and prompt + max_tokens must fit the context (--max-context, default the model's), else 400
+  naming the sizes; without max_tokens the reply may use min(--default-max-tokens, what is left of the
+  context).
 - A request body past `max_request_bytes` (default: 16 bytes per position of the context, at least
   1 MiB) is refused with 413 as it arrives, by its Content-Length or once it passes the limit, before it
   is parsed or tokenized.

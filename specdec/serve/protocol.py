@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.chat import check_messages, check_text, has_media
+from specdec.processors import LogitsParams
 from specdec.sampling import SamplingParams
 from specdec.stream import StreamResult
 
@@ -81,6 +82,7 @@ class Params:
     stop: list[str]
     stream: bool
     include_usage: bool
+    logits: LogitsParams | None = None  # bias and penalties; None: none asked for
 
 
 def _number(
@@ -129,10 +131,9 @@ def _checked(text: str, where: str, param: str) -> str:
 #: OpenAI request fields this server does not honour, with the values that ask for nothing (accepted, as
 #: clients send them by default); any other value is refused rather than silently ignored
 UNHONOURED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
-    "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "repetition_penalty": (None, 1),
-    "tools": (None, []), "functions": (None, []), "response_format": (None, {"type": "text"}),
-    "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
+    "response_format": (None, {"type": "text"}), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None, ""),
 }  # fmt: skip
 
 
@@ -179,7 +180,7 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
         raise RequestError("'stream_options' must be an object", param="stream_options")
     sampling = _sampling(body, defaults)
     include_usage = bool(opts.get("include_usage"))
-    return Params(prompt, chat, mt, sampling, stop, stream, include_usage)
+    return Params(prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body))
 
 
 def _messages(body: dict) -> list[dict[str, str]]:
@@ -243,3 +244,25 @@ def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
     except ValueError as e:  # SamplingParams' own checks name their field first
         field = str(e).split(" ", 1)[0]
         raise RequestError(str(e), param=field if field in body else None) from e
+
+
+def _logits(body: dict) -> LogitsParams | None:
+    """`logit_bias` ({"token id": bias}), `presence_penalty`, `frequency_penalty` (OpenAI's, over the
+    output), `repetition_penalty` (vLLM's and mlx_lm's) and `penalty_context` (the last N tokens, as
+    mlx_lm's context sizes); None where none changes a logit."""
+    bias = body.get("logit_bias")
+    if bias is not None and not isinstance(bias, dict):
+        raise RequestError(f"'logit_bias' must be an object {{token id: bias}}, got {json.dumps(bias)[:60]}",
+                           param="logit_bias")  # fmt: skip
+    kw = {
+        "logit_bias": bias or {},
+        "presence_penalty": _number(body, "presence_penalty", 0.0, lo=-2, hi=2),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, lo=-2, hi=2),
+        "repetition_penalty": _number(body, "repetition_penalty", 1.0, lo=0, hi=100, open_lo=True),
+        "penalty_context": _number(body, "penalty_context", None, lo=1, hi=2**31, integer=True),
+    }
+    try:
+        p = LogitsParams(**kw)
+    except ValueError as e:  # the bias map's own checks
+        raise RequestError(str(e), param="logit_bias") from None
+    return p if p.active else None

@@ -1,0 +1,173 @@
+"""Logits processors inside verification, exactly: logit bias and the repetition, presence and frequency
+penalties.
+
+A processor sees the history up to the position it decides. In a verify of `[last, *draft]` row i decides
+the token after `draft[:i]`, so it is processed with the committed tokens plus `draft[:i]` (a tree node:
+plus the tokens on its path); the verifier's token at every row is then exactly the one autoregressive
+decoding with the same processors picks there, and the committed text is too (at T > 0 the processed logits
+are what `specdec.sampling.warp` turns into the distribution, so it is that of plain sampling with the
+processors). Drafters know nothing of the processors: a draft they disagree with is rejected, never kept.
+
+Semantics (in this order, as mlx_lm applies them; every step in fp32):
+- `logit_bias` {token id: bias}: added to the token's logit (OpenAI: -100..100; -100 bans in practice);
+- `repetition_penalty` r (CTRL, Keskar et al. 2019; transformers' and mlx_lm's): a token in the window has
+  its logit divided by r where positive and multiplied by r where negative;
+- `presence_penalty` p and `frequency_penalty` f (OpenAI's, -2..2): a token's logit minus p if it is in
+  the window, minus f times its count there.
+The window (`penalty_context`): None, as OpenAI, vLLM and transformers: the output so far for presence and
+frequency, the prompt and the output for repetition; N, as mlx_lm (its default is 20): the last N tokens
+of prompt and output for all three.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["LogitsParams", "Processor"]
+
+
+def _number(name: str, value: object, lo: float, hi: float, *, open_lo: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r:.40}")
+    if value < lo or value > hi or (open_lo and value == lo):
+        raise ValueError(f"{name} must be in {'(' if open_lo else '['}{lo:g}, {hi:g}], got {value:g}")
+    return float(value)
+
+
+def _bias_pairs(
+    bias: Mapping[int | str, float] | Sequence[tuple[int, float]],
+) -> tuple[tuple[int, float], ...]:
+    """{id: bias} (ids may be decimal strings, as JSON keys are) or (id, bias) pairs -> sorted pairs."""
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    out: dict[int, float] = {}
+    for key, value in items:
+        ok = isinstance(key, int) and not isinstance(key, bool)
+        ok = ok or (isinstance(key, str) and key.strip().isdigit())
+        if not ok or int(key) < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r:.40}")
+        out[int(key)] = _number(f"logit_bias[{key}]", value, -100, 100)
+    return tuple(sorted(out.items()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogitsParams:
+    """What to do to the verifier's logits before a token is picked (module docstring)."""
+
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())  # (token id, bias); a dict is accepted
+    repetition_penalty: float = 1.0  # 1: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_context: int | None = None  # None: OpenAI's windows; N: the last N tokens (mlx_lm)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        _number("repetition_penalty", self.repetition_penalty, 0, 100, open_lo=True)
+        _number("presence_penalty", self.presence_penalty, -2, 2)
+        _number("frequency_penalty", self.frequency_penalty, -2, 2)
+        n = self.penalty_context
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"penalty_context must be an integer >= 1 (or None), got {n!r:.40}")
+
+    @property
+    def active(self) -> bool:
+        """Whether anything changes a logit."""
+        return bool(self.logit_bias) or self.penalized
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    def check(self, vocab_size: int) -> None:
+        """ValueError, before any work, for a biased token outside the vocabulary."""
+        bad = [t for t, _ in self.logit_bias if t >= vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids {bad[:5]} outside the vocabulary 0..{vocab_size - 1}")
+
+
+class Processor:
+    """One run's processors: its prompt and committed output, and the rows of each verify."""
+
+    def __init__(self, params: LogitsParams, prompt: Sequence[int]) -> None:
+        self.params = params
+        self.prompt, self.output = list(prompt), []
+        self._all: Counter[int] = Counter(prompt)  # prompt + output (repetition's window when unlimited)
+        self._out: Counter[int] = Counter()  # output (presence's and frequency's when unlimited)
+        ids, vals = zip(*params.logit_bias) if params.logit_bias else ((), ())
+        self._bias = (torch.tensor(ids, dtype=torch.long), torch.tensor(vals, dtype=torch.float32))
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Tokens now part of the output."""
+        self.output += tokens
+        self._all.update(tokens)
+        self._out.update(tokens)
+
+    def __call__(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """logits [T, V] whose row r decides the token after the committed ones plus `paths[r]` -> the
+        processed logits [T, V], fp32 (a copy: the verifier's own are left as they are)."""
+        x = logits.to(torch.float32, copy=True)  # [T, V]
+        ids, vals = self._bias
+        if len(ids):
+            x[:, ids.to(x.device)] += vals.to(x.device)
+        p = self.params
+        if not p.penalized:
+            return x
+        rep, pf = self._counts(paths, x.device)  # [T, U] each, over the columns `u`
+        if rep is None:
+            return x
+        u, rep = rep
+        sel = x[:, u]  # [T, U]
+        if p.repetition_penalty != 1:
+            r = p.repetition_penalty
+            sel = torch.where(rep > 0, torch.where(sel < 0, sel * r, sel / r), sel)
+        if p.presence_penalty:
+            sel = sel - p.presence_penalty * (pf > 0).float()
+        if p.frequency_penalty:
+            sel = sel - p.frequency_penalty * pf
+        x[:, u] = sel
+        return x
+
+    def _counts(
+        self, paths: Sequence[Sequence[int]], device: torch.device
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
+        """((columns u [U], repetition's counts [T, U]), presence / frequency's counts [T, U]): per row, how
+        often each token is in its windows; (None, None) where no window holds a token."""
+        n = self.params.penalty_context
+        if n is not None:  # short windows: counted per row
+            tail = (self.prompt + self.output)[-n:] if len(self.output) < n else self.output[-n:]
+            rows = [Counter([*tail, *path][-n:]) for path in paths]
+            keys = sorted(set().union(*rows))
+            if not keys:
+                return None, None
+            col = {t: j for j, t in enumerate(keys)}
+            m = _scatter(
+                len(paths), col, [(i, t, k) for i, c in enumerate(rows) for t, k in c.items()], device
+            )
+            return (torch.tensor(keys, dtype=torch.long, device=device), m), m
+        # the whole history: its counts once, plus each row's path (no per-row copy of the history)
+        extra = {t for path in paths for t in path}
+        keys = sorted(self._all.keys() | extra)
+        if not keys:
+            return None, None
+        col = {t: j for j, t in enumerate(keys)}
+        along = _scatter(len(paths), col, [(i, t, 1) for i, path in enumerate(paths) for t in path], device)
+        base_all = torch.tensor([float(self._all[t]) for t in keys], device=device)  # [U]
+        base_out = torch.tensor([float(self._out[t]) for t in keys], device=device)  # [U]
+        u = torch.tensor(keys, dtype=torch.long, device=device)
+        return (u, base_all + along), base_out + along
+
+
+def _scatter(
+    n_rows: int, col: dict[int, int], entries: list[tuple[int, int, int]], device: torch.device
+) -> torch.Tensor:
+    """[n_rows, len(col)] zeros plus each (row, token, count) entry, summed."""
+    out = torch.zeros(n_rows, len(col), device=device)
+    if entries:
+        r, t, k = zip(*entries)
+        idx = (torch.tensor(r, device=device), torch.tensor([col[x] for x in t], device=device))
+        out.index_put_(idx, torch.tensor(k, dtype=out.dtype, device=device), accumulate=True)
+    return out
