@@ -123,15 +123,14 @@ def _title(dataset: str) -> str:
     return SPEC_BENCH_GROUPS[group][0] if base == SPEC_BENCH.name and group in SPEC_BENCH_GROUPS else dataset
 
 
-def _methods(result: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, str]]:
-    """(label, figures by dataset, speedup key, τ key) for our run and each peer."""
+def _methods(result: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
+    """(label, figures by dataset, speedup key) for our run and each peer."""
     ev, drafter = result["eval"], result["config"].get("drafter") or {}
     ours = f"specdec, {drafter.get('name')} (block {result['config']['block_size']})"
-    rows = [(ours, {**ev["datasets"], "all": ev["overall"]}, "speedup", "acceptance_length_mean")]
+    rows = [(ours, {**ev["datasets"], "all": ev["overall"]}, "speedup")]
     for name, peer in result.get("peers", {}).items():
         if name != "skipped":
-            rows.append((name, {**peer["datasets"], "all": peer["overall"]}, "speedup_vs_baseline",
-                         "acceptance_length_mean"))  # fmt: skip
+            rows.append((name, {**peer["datasets"], "all": peer["overall"]}, "speedup_vs_baseline"))
     return rows
 
 
@@ -143,9 +142,9 @@ def group_table(result: dict[str, Any]) -> list[str]:
         "| method | " + " | ".join(_title(g) for g in groups) + " | #Mean Accepted Tokens | Overall |",
         "|---|" + "---:|" * (len(groups) + 2),
     ]
-    for label, figs, speed, tau in _methods(result):
+    for label, figs, speed in _methods(result):
         cells = [_f(figs[g].get(speed), ".2f", "×") for g in groups]
-        md.append(f"| {label} | " + " | ".join(cells) + f" | {_f(figs['all'].get(tau))} "
+        md.append(f"| {label} | " + " | ".join(cells) + f" | {_f(figs['all'].get('acceptance_length_mean'))} "
                   f"| {_f(figs['all'].get(speed), '.2f', '×')} |")  # fmt: skip
     ev = result["eval"]
     figs = {**ev["datasets"], "all": ev["overall"]}
@@ -359,7 +358,7 @@ def plot_speedup_by_group(result: dict[str, Any], path: Path) -> None:
     fig = _figure(max(7.0, 1.2 * len(groups) * max(1, len(methods)) / 2), 4.0)
     ax = fig.subplots()
     width = 0.8 / len(methods)
-    for j, (label, figs, speed, _) in enumerate(methods):
+    for j, (label, figs, speed) in enumerate(methods):
         xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(groups))]
         ax.bar(xs, [figs[g].get(speed) or 0.0 for g in groups], width, label=label)
     ax.axhline(1.0, color="k", lw=0.8)

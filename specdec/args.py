@@ -184,10 +184,11 @@ def add_logits_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presence-penalty", type=finite(-2, 2), default=0.0, help="OpenAI's, -2..2")
     p.add_argument("--frequency-penalty", type=finite(-2, 2), default=0.0, help="OpenAI's, -2..2")
     p.add_argument(
-        "--penalty-context", type=at_least(1),
+        "--penalty-context",
+        type=at_least(1),
         help="penalize the last N tokens of prompt and output (mlx_lm's windows; default: the output for "
         "presence / frequency, prompt and output for repetition)",
-    )  # fmt: skip
+    )
 
 
 def logits_of(args: argparse.Namespace) -> LogitsParams | None:
@@ -202,9 +203,12 @@ def logits_of(args: argparse.Namespace) -> LogitsParams | None:
         if not isinstance(bias, dict):
             raise ValueError('--logit-bias must be a JSON object {"token id": bias, ...}')
     p = LogitsParams(
-        logit_bias=bias, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty, penalty_context=args.penalty_context,
-    )  # fmt: skip
+        logit_bias=bias,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        penalty_context=args.penalty_context,
+    )
     from specdec.models import model_shape
 
     shape = model_shape(args.verifier, args.model)

@@ -252,8 +252,10 @@ def _logits(body: dict) -> LogitsParams | None:
     mlx_lm's context sizes); None where none changes a logit."""
     bias = body.get("logit_bias")
     if bias is not None and not isinstance(bias, dict):
-        raise RequestError(f"'logit_bias' must be an object {{token id: bias}}, got {json.dumps(bias)[:60]}",
-                           param="logit_bias")  # fmt: skip
+        raise RequestError(
+            f"'logit_bias' must be an object {{token id: bias}}, got {json.dumps(bias)[:60]}",
+            param="logit_bias",
+        )
     kw = {
         "logit_bias": bias or {},
         "presence_penalty": _number(body, "presence_penalty", 0.0, lo=-2, hi=2),

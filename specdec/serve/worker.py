@@ -156,9 +156,13 @@ class Worker:
                 except ValueError as e:
                     raise RequestError(str(e), param="logit_bias") from None
             stream = eng.stream(
-                ids, max_tokens=max_tokens, sampling=p.sampling, stop=p.stop, cancel=job.cancel,
+                ids,
+                max_tokens=max_tokens,
+                sampling=p.sampling,
+                stop=p.stop,
+                cancel=job.cancel,
                 logits=p.logits,
-            )  # fmt: skip
+            )
         except ValueError as e:  # what the client sent (bad ids, a template that rejects the messages, ...)
             self.metrics.add("requests_invalid")
             status = e.status if isinstance(e, RequestError) else 400
