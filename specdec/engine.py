@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from specdec.grammar import Constraint
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.lease import Run, hold
 from specdec.memory import unmeasured
@@ -82,6 +83,40 @@ def decode_config(
     )  # fmt: skip
 
 
+def _stops(verifier: Verifier, cfg: DecodeConfig) -> frozenset[int]:
+    return cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids
+
+
+def _processor(verifier: Verifier, cfg: DecodeConfig, prompt: Sequence[int]) -> Processor | None:
+    """The run's logits processors (None: nothing changes a logit), its grammar compiled."""
+    p = cfg.logits
+    if p is None or not p.active:
+        return None
+    grammar = None
+    if p.grammar is not None:
+        grammar = Constraint(p.grammar, verifier.tokenizer, verifier.vocab_size, _stops(verifier, cfg))
+    return Processor(p, prompt, constraint=grammar)
+
+
+def _constrain(
+    grammar: Constraint, draft: list[int], q: torch.Tensor | None, k: int
+) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+    """A chain draft under a grammar: the tokens it forces next in front (free drafts; where the drafter
+    guessed otherwise its later guesses went the wrong way and go too), cut before the first token it
+    forbids (a row that could only reject). q [k, V] follows (a forced token is proposed with certainty:
+    one-hot), and the q [V] of a sampled draft that was cut comes back: its rejection is still taken."""
+    forced = grammar.forced()[:k]
+    if forced:
+        if draft[: len(forced)] != forced:
+            draft, q = forced, None if q is None else q[: len(forced)]
+        if q is not None:
+            q = q.clone()
+            q[: len(forced)] = torch.nn.functional.one_hot(torch.tensor(forced), q.shape[-1]).to(q)
+    n = grammar.allowed_prefix(draft)
+    cut = q[n] if q is not None and n < len(draft) else None
+    return draft[:n], None if q is None else q[:n], cut
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the common prefix of `a` and `b`: the drafts accepted against the verifier's tokens at
     the same positions, or the cached positions a new prompt can reuse."""
@@ -117,7 +152,7 @@ def check_request(
             f"a tree holds 2..{MAX_VERIFY_TOKENS} nodes (tokens per verify), got {cfg.tree.nodes}"
         )
     if cfg.logits is not None:
-        cfg.logits.check(verifier.vocab_size)
+        cfg.logits.check(verifier.vocab_size, verifier.tokenizer, _stops(verifier, cfg))
     bad = [t for t in prompt if not 0 <= t < verifier.vocab_size]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary 0..{verifier.vocab_size - 1}")
@@ -304,12 +339,13 @@ def _decode(
     keep: int,
     cancel: threading.Event | None,
 ) -> Iterator[StepRecord]:
-    stops = cfg.stop_token_ids if cfg.stop_token_ids is not None else verifier.eos_token_ids
+    stops = _stops(verifier, cfg)
     limit = context_limit(verifier, cfg.max_context)
     clock = time.perf_counter
     sp = cfg.sampling if cfg.sampling is not None and not cfg.sampling.greedy else None
     sampler = Sampler(sp, limit) if sp else None
-    proc = Processor(cfg.logits, prompt) if cfg.logits is not None and cfg.logits.active else None
+    proc = _processor(verifier, cfg, prompt)
+    grammar = proc.constraint if proc is not None else None
     rule = sp.rule if sp else "greedy"
     vprobe, dprobe = verifier.memory_probe(), drafter.memory_probe() if drafter else None
     verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
@@ -333,11 +369,14 @@ def _decode(
         k = min(cfg.block_size - 1, cfg.max_new_tokens - n_out - 1, room - 1) if drafter else 0
         pos = verifier.position + 1  # absolute position of the first token this step decides
         draft, q, tree, dmem = [], None, None, _NO_DRAFTER  # q [k, V]: what sampled drafts were drawn from
+        cut = None  # q [V] of a sampled draft the grammar cut
         t0 = clock()
         if k > 0:
             dprobe.reset()
             draft, q, tree = _draft(drafter, sampler, cfg.tree, token, k, pos, room)
             dmem = dprobe.read()
+            if grammar is not None and tree is None:
+                draft, q, cut = _constrain(grammar, draft, q, k)
         drafted = len(draft)
         t1 = clock()
         vprobe.reset()
@@ -345,7 +384,7 @@ def _decode(
             draft, target, path = _verify_tree(verifier, tree, sampler, proc, pos)
         else:
             rows = lambda: [draft[:i] for i in range(len(draft) + 1)]  # noqa: E731, B023 (row i's history)
-            check = _picker(sampler, proc, rows, lambda logits: sampler.verify(logits, draft, q, pos))  # noqa: B023
+            check = _picker(sampler, proc, rows, lambda x: sampler.verify(x, draft, q, pos, cut=cut))  # noqa: B023
             # [k+1]: the verifier's token after each input; with no drafter the next step's input is this
             # step's output, which an asynchronous runtime can start on before the host sees it
             target = verifier.verify([token, *draft], sample=check, ahead=drafter is None)

@@ -1,5 +1,5 @@
-"""Logits processors inside verification, exactly: logit bias and the repetition, presence and frequency
-penalties.
+"""Logits processors inside verification, exactly: logit bias, the repetition, presence and frequency
+penalties, and a grammar's mask (`specdec.grammar`).
 
 A processor sees the history up to the position it decides. In a verify of `[last, *draft]` row i decides
 the token after `draft[:i]`, so it is processed with the committed tokens plus `draft[:i]` (a tree node:
@@ -17,6 +17,7 @@ Semantics (in this order, as mlx_lm applies them; every step in fp32):
 The window (`penalty_context`): None, as OpenAI, vLLM and transformers: the output so far for presence and
 frequency, the prompt and the output for repetition; N, as mlx_lm (its default is 20): the last N tokens
 of prompt and output for all three.
+Then `grammar`: tokens the grammar forbids after the row's history get -inf.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from specdec.grammar import Constraint, GrammarSpec, check_grammar
 
 __all__ = ["LogitsParams", "Processor"]
 
@@ -63,6 +67,7 @@ class LogitsParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_context: int | None = None  # None: OpenAI's windows; N: the last N tokens (mlx_lm)
+    grammar: GrammarSpec | None = None  # structured output (`specdec.grammar`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
@@ -72,28 +77,38 @@ class LogitsParams:
         n = self.penalty_context
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"penalty_context must be an integer >= 1 (or None), got {n!r:.40}")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise ValueError(f"grammar must be a GrammarSpec, got {type(self.grammar).__name__}")
 
     @property
     def active(self) -> bool:
         """Whether anything changes a logit."""
-        return bool(self.logit_bias) or self.penalized
+        return bool(self.logit_bias) or self.penalized or self.grammar is not None
 
     @property
     def penalized(self) -> bool:
         return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
-    def check(self, vocab_size: int) -> None:
-        """ValueError, before any work, for a biased token outside the vocabulary."""
+    def check(self, vocab_size: int, tokenizer: Any = None, stops: Sequence[int] = ()) -> None:
+        """ValueError, before any work, for a biased token outside the vocabulary or a grammar that does
+        not compile for the model's tokenizer (whose end tokens are `stops`)."""
         bad = [t for t, _ in self.logit_bias if t >= vocab_size]
         if bad:
             raise ValueError(f"logit_bias token ids {bad[:5]} outside the vocabulary 0..{vocab_size - 1}")
+        if self.grammar is not None:
+            check_grammar(self.grammar, tokenizer, vocab_size, stops)
 
 
 class Processor:
-    """One run's processors: its prompt and committed output, and the rows of each verify."""
+    """One run's processors: its prompt and committed output, and the rows of each verify. `constraint`: the
+    run's grammar state, where `params.grammar` is set (`LogitsParams.constraint` makes it)."""
 
-    def __init__(self, params: LogitsParams, prompt: Sequence[int]) -> None:
-        self.params = params
+    def __init__(
+        self, params: LogitsParams, prompt: Sequence[int], *, constraint: Constraint | None = None
+    ) -> None:
+        if (params.grammar is None) != (constraint is None):
+            raise ValueError("a grammar's Processor needs its Constraint, and only it")
+        self.params, self.constraint = params, constraint
         self.prompt, self.output = list(prompt), []
         self._all: Counter[int] = Counter(prompt)  # prompt + output (repetition's window when unlimited)
         self._out: Counter[int] = Counter()  # output (presence's and frequency's when unlimited)
@@ -105,6 +120,8 @@ class Processor:
         self.output += tokens
         self._all.update(tokens)
         self._out.update(tokens)
+        if self.constraint is not None:
+            self.constraint.commit(tokens)
 
     def __call__(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         """logits [T, V] whose row r decides the token after the committed ones plus `paths[r]` -> the
@@ -113,12 +130,18 @@ class Processor:
         ids, vals = self._bias
         if len(ids):
             x[:, ids.to(x.device)] += vals.to(x.device)
+        if self.params.penalized:
+            self._penalize(x, paths)
+        if self.constraint is not None:
+            x.masked_fill_(~self.constraint.mask(paths).to(x.device), float("-inf"))
+        return x
+
+    def _penalize(self, x: torch.Tensor, paths: Sequence[Sequence[int]]) -> None:
+        """The penalties, in place on x [T, V]."""
         p = self.params
-        if not p.penalized:
-            return x
         rep, pf = self._counts(paths, x.device)  # [T, U] each, over the columns `u`
         if rep is None:
-            return x
+            return
         u, rep = rep
         sel = x[:, u]  # [T, U]
         if p.repetition_penalty != 1:
@@ -129,7 +152,6 @@ class Processor:
         if p.frequency_penalty:
             sel = sel - p.frequency_penalty * pf
         x[:, u] = sel
-        return x
 
     def _counts(
         self, paths: Sequence[Sequence[int]], device: torch.device

@@ -133,9 +133,14 @@ class Sampler:
         u = self.u(0, pos, max(depths) + 1, p)[torch.tensor(depths, device=p.device)]  # [N]
         return sample_from(p, u).tolist()
 
-    def verify(self, logits: torch.Tensor, draft: list[int], q: torch.Tensor | None, pos: int) -> list[int]:
+    def verify(
+        self, logits: torch.Tensor, draft: list[int], q: torch.Tensor | None, pos: int,
+        *, cut: torch.Tensor | None = None,
+    ) -> list[int]:  # fmt: skip
         """logits [k+1, V] for positions pos..pos+k -> targets whose prefix agreement with `draft` is
-        the accepted count, followed by the verifier's token (resampled or bonus)."""
+        the accepted count, followed by the verifier's token (resampled or bonus). `cut` [V]: the q of a
+        sampled draft after the last one, left out unverified because p gives it no mass (a grammar forbids
+        it); its certain rejection is taken (the residual), not a bonus from p, which would not be exact."""
         p = warp(logits, self.sp)  # [k+1, V]
         k = len(draft)
         self.resampled = 0
@@ -147,6 +152,10 @@ class Sampler:
         qx = q[rows, d].to(p.device) if q is not None else torch.ones(k, device=p.device)  # argmax: q one-hot
         ok = (self.u(1, pos, k, p) * qx < px).tolist()  # accept with prob min(1, p/q)
         a = ok.index(False) if False in ok else k
+        if a == k and cut is not None:
+            self.resampled = 1
+            residual = (p[k] - cut.to(p.device)).clamp(min=0)  # mass: p != cut, which holds a token p has not
+            return [*draft, int(sample_from(residual[None], self.u(2, pos + k, 1, p)))]
         if a == k:
             return [*draft, int(sample_from(p[k : k + 1], self.u(0, pos + k, 1, p)))]
         residual = p[a] - (

@@ -10,6 +10,7 @@ BOS / EOS / PAD, so it can encode and decode any text.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,54 @@ class ByteTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def tokenizer_json(self) -> str:
+        """These tokens as a Hugging Face `tokenizers` byte-level BPE without merges (what a grammar engine
+        reads, `specdec.grammar`)."""
+        vocab = {_BYTE_NAMES[b]: b for b in range(256)}
+        specials = [(BOS, "<bos>"), (EOS, "<eos>"), (PAD, "<pad>")]
+        vocab.update({t: i for i, t in specials})
+        flags = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
+        added = [{"id": i, "content": t, **flags, "special": True} for i, t in specials]
+        level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+        model = {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "vocab": vocab,
+            "merges": [],
+        }
+        none = dict.fromkeys(["truncation", "padding", "normalizer", "post_processor"])
+        return json.dumps(
+            {
+                "version": "1.0",
+                **none,
+                "added_tokens": added,
+                "pre_tokenizer": level,
+                "decoder": level,
+                "model": model,
+            }
+        )
+
+
+def _byte_names() -> list[str]:
+    """GPT-2's printable stand-in for each byte, as byte-level BPE vocabularies name them."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    names, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            names[b] = chr(b)
+        else:
+            names[b] = chr(256 + extra)
+            extra += 1
+    return [names[b] for b in range(256)]
+
+
+_BYTE_NAMES = _byte_names()
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
