@@ -14,11 +14,13 @@ import json
 import math
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from specdec.api import DRAFTER_RUNTIMES, LOOKUP_BLOCK_SIZE, RUNTIMES, RunSpec
 from specdec.drafting.model import MODEL_BLOCK_SIZE
 from specdec.extras import missing_extra
+from specdec.grammar import GrammarSpec
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.processors import LogitsParams
 from specdec.sampling import PROPOSALS, RULES, SamplingParams
@@ -32,6 +34,7 @@ __all__ = [
     "add_verifier_args",
     "at_least",
     "finite",
+    "grammar_of",
     "int_list",
     "logits_of",
     "run_command",
@@ -189,6 +192,11 @@ def add_logits_args(p: argparse.ArgumentParser) -> None:
         help="penalize the last N tokens of prompt and output (mlx_lm's windows; default: the output for "
         "presence / frequency, prompt and output for repetition)",
     )
+    g = p.add_mutually_exclusive_group()  # structured output (`specdec.grammar`)
+    g.add_argument("--json-schema", metavar="FILE|JSON", help="the output validates against this JSON schema")
+    g.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    g.add_argument("--regex", metavar="RE", help="the output matches this regular expression")
+    g.add_argument("--lark", metavar="FILE", help="the output is a sentence of this Lark grammar")
 
 
 def logits_of(args: argparse.Namespace) -> LogitsParams | None:
@@ -208,13 +216,48 @@ def logits_of(args: argparse.Namespace) -> LogitsParams | None:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         penalty_context=args.penalty_context,
+        grammar=grammar_of(args),
     )
     from specdec.models import model_shape
 
     shape = model_shape(args.verifier, args.model)
     if shape is not None:
-        p.check(shape.vocab_size)
+        p.check_bias(shape.vocab_size)
     return p if p.active else None
+
+
+def grammar_of(args: argparse.Namespace) -> GrammarSpec | None:
+    """The structured-output option of `add_logits_args`, compiled (again against the model's tokenizer
+    when the run starts, before any work)."""
+    spec = _grammar_of(args)
+    if spec is not None:
+        spec.check()
+    return spec
+
+
+def _grammar_of(args: argparse.Namespace) -> GrammarSpec | None:
+    if args.json_object:
+        return GrammarSpec("json_object")
+    if args.regex is not None:
+        return GrammarSpec("regex", args.regex)
+    if args.lark is not None:
+        return GrammarSpec("lark", _read(args.lark, "--lark"))
+    if args.json_schema is None:
+        return None
+    text = args.json_schema
+    if not text.lstrip().startswith("{"):
+        text = _read(text, "--json-schema")
+    try:
+        return GrammarSpec.json_schema(text)
+    except ValueError as e:
+        raise ValueError(f"--json-schema: {e}") from None
+
+
+def _read(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{flag}: cannot read {path!r}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def sampling_of(args: argparse.Namespace) -> SamplingParams:

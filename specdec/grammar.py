@@ -81,6 +81,54 @@ class GrammarSpec:
             raise ValueError("choice needs a list of non-empty strings")
         return cls("choice", json.dumps(list(options)))
 
+    @classmethod
+    def from_request(cls, body: dict) -> GrammarSpec | None:
+        """The grammar an OpenAI-style request asks for (None: plain text): `response_format` {"type":
+        "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}, or vLLM's
+        `structured_outputs` {"json" | "regex" | "grammar" (Lark) | "choice": ...}. ValueError naming the
+        field otherwise."""
+        rf, so = body.get("response_format"), body.get("structured_outputs")
+        asked = [] if rf is None or rf == {"type": "text"} else ["response_format"]
+        asked += [] if so is None else ["structured_outputs"]
+        if len(asked) > 1:
+            raise ValueError("give one of 'response_format' and 'structured_outputs', not both")
+        if not asked:
+            return None
+        if rf is not None:
+            kind = rf.get("type") if isinstance(rf, dict) else None
+            if kind == "json_object":
+                return cls("json_object")
+            if kind == "json_schema":
+                js = rf.get("json_schema")
+                schema = js.get("schema") if isinstance(js, dict) else None
+                if not isinstance(schema, dict):
+                    raise ValueError("'response_format.json_schema.schema' must be a JSON schema object")
+                return cls.json_schema(schema)
+            raise ValueError(
+                '\'response_format\' must be {"type": "text" | "json_object" | "json_schema"}, got '
+                f"{json.dumps(rf)[:60]}"
+            )
+        keys = [k for k in ("json", "regex", "grammar", "choice") if k in so] if isinstance(so, dict) else []
+        if len(keys) != 1 or len(so) != 1:
+            raise ValueError(
+                "'structured_outputs' must hold exactly one of json, regex, grammar (Lark), choice; got "
+                f"{json.dumps(so)[:60]}"
+            )
+        value = so[keys[0]]
+        if keys[0] == "json":
+            return cls.json_schema(value)
+        if keys[0] == "choice":
+            return cls.choice(value)
+        if not isinstance(value, str):
+            raise ValueError(f"'structured_outputs.{keys[0]}' must be text")
+        return cls("regex" if keys[0] == "regex" else "lark", value)
+
+    def check(self) -> None:
+        """ValueError for a grammar that does not compile whatever the tokenizer (before a model loads)."""
+        error = _llguidance().LLMatcher.validate_grammar(self.grammar())
+        if error:
+            raise ValueError(f"the {self.kind} grammar does not compile: {' '.join(error.split())[:300]}")
+
     def grammar(self) -> str:
         """The llguidance grammar."""
         M = _llguidance().LLMatcher

@@ -89,12 +89,16 @@ class LogitsParams:
     def penalized(self) -> bool:
         return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
-    def check(self, vocab_size: int, tokenizer: Any = None, stops: Sequence[int] = ()) -> None:
-        """ValueError, before any work, for a biased token outside the vocabulary or a grammar that does
-        not compile for the model's tokenizer (whose end tokens are `stops`)."""
+    def check_bias(self, vocab_size: int) -> None:
+        """ValueError for a biased token outside the vocabulary (known before a model loads)."""
         bad = [t for t, _ in self.logit_bias if t >= vocab_size]
         if bad:
             raise ValueError(f"logit_bias token ids {bad[:5]} outside the vocabulary 0..{vocab_size - 1}")
+
+    def check(self, vocab_size: int, tokenizer: Any = None, stops: Sequence[int] = ()) -> None:
+        """ValueError, before any work, for a biased token outside the vocabulary or a grammar that does
+        not compile for the model's tokenizer (whose end tokens are `stops`)."""
+        self.check_bias(vocab_size)
         if self.grammar is not None:
             check_grammar(self.grammar, tokenizer, vocab_size, stops)
 

@@ -270,8 +270,8 @@ class StreamingEngine:
         cancel: threading.Event | None = None,
         logits: LogitsParams | None = None,
     ) -> Stream:
-        """Start a run (work happens as the Stream is iterated); `logits`: bias and penalties, applied
-        inside verification (`specdec.processors`). Errors a user can cause raise here."""
+        """Start a run (work happens as the Stream is iterated); `logits`: bias, penalties and a grammar,
+        applied inside verification (`specdec.processors`). Errors a user can cause raise here."""
         ids = self.encode(prompt)
         stops = tuple([stop] if isinstance(stop, str) else (stop or ()))
         if not all(isinstance(s, str) for s in stops):

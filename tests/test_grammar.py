@@ -547,3 +547,39 @@ def test_smollm2_writes_valid_json_with_its_drafter_exactly() -> None:
         assert ar.finish_reason == "stop", ar.text
         _valid(ar, schema, v.tokenizer)
         assert sum(s.accepted for s in spec.decode_steps) > len(spec.decode_steps)  # more than one a step
+
+
+def test_the_command_line_flags(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """`--json-schema` (inline or a file), `--regex`, `--lark FILE`: the output obeys; a bad one is one line
+    before the model loads."""
+    import specdec.api as api
+    from specdec.cli import main
+
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    lark = tmp_path / "g.lark"
+    lark.write_text('start: "<" D D ">"\nD: /[0-9]/')
+    base = ["generate", "--verifier", "stub", "--prompt", "Person:", "--max-new-tokens", "60"]
+    for flags, ok in [
+        (["--json-schema", str(schema)], lambda t: _valid_text(t, PERSON)),
+        (["--json-schema", json.dumps(PERSON)], lambda t: _valid_text(t, PERSON)),
+        (["--regex", "[xyz]{5}"], lambda t: re.fullmatch("[xyz]{5}", t)),
+        (["--lark", str(lark)], lambda t: re.fullmatch(r"<\d\d>", t)),
+    ]:
+        assert main([*base, *flags]) == 0, flags
+        assert ok(capsys.readouterr().out.strip()), flags
+    monkeypatch.setattr(api, "load", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    for flags, says in [
+        (["--regex", "[a-"], "the regex grammar does not compile"),
+        (["--json-schema", "{x"], "--json-schema: the JSON schema is not JSON"),
+        (["--json-schema", str(tmp_path / "none.json")], "--json-schema: cannot read"),
+        (["--lark", str(schema)], "the lark grammar does not compile"),
+    ]:
+        assert main([*base, *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") <= 2, (flags, err)
+
+
+def _valid_text(text: str, schema: dict) -> bool:
+    pytest.importorskip("jsonschema").validate(json.loads(text), schema)
+    return True

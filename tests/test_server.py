@@ -149,7 +149,7 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(served):
         (json.dumps({**ok, "logit_bias": {"999999": 1}}), 400, "outside the vocabulary"),
         (json.dumps({**ok, "logit_bias": [5, 10]}), 400, "'logit_bias' must be an object"),
         (json.dumps({**ok, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "'tools'"),
-        (json.dumps({**ok, "response_format": {"type": "json_object"}}), 400, "'response_format'"),
+        (json.dumps({**ok, "response_format": {"type": "xml"}}), 400, "'response_format' must be"),
     ]
     for body, status, words in cases:
         r = httpx.post(url, content=body, headers={"content-type": "application/json"})
@@ -190,6 +190,64 @@ def test_bias_and_penalties_are_honoured_as_the_python_api_decodes(served) -> No
     for bad, param in bad_fields:
         r = httpx.post(url, json={**body, **bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "maximum": 120}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_output_through_the_openai_client(served) -> None:
+    """`response_format` json_schema and json_object, `structured_outputs` regex and choice (extra_body),
+    streamed and not: the text the Python API gives under the same grammar, and it validates; a cut by
+    max_tokens says `length`; a grammar that does not compile is a 400 naming its field."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from specdec.grammar import GrammarSpec
+    from specdec.processors import LogitsParams
+
+    client, ref = served.client(), _engine()
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for kw, spec in [
+        ({"response_format": fmt}, GrammarSpec.json_schema(PERSON)),
+        ({"response_format": {"type": "json_object"}}, GrammarSpec("json_object")),
+        ({"extra_body": {"structured_outputs": {"regex": "[a-c]{4}"}}}, GrammarSpec("regex", "[a-c]{4}")),
+        (
+            {"extra_body": {"structured_outputs": {"choice": ["up", "down"]}}},
+            GrammarSpec.choice(["up", "down"]),
+        ),
+    ]:
+        want = ref.complete(MSGS, max_tokens=80, logits=LogitsParams(grammar=spec))
+        r = client.chat.completions.create(model="stub", messages=MSGS, max_tokens=80, **kw)
+        assert r.choices[0].message.content == want.text and r.choices[0].finish_reason == "stop", kw
+        chunks = client.chat.completions.create(model="stub", messages=MSGS, max_tokens=80, stream=True, **kw)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+    jsonschema.validate(
+        json.loads(
+            client.chat.completions.create(model="stub", messages=MSGS, max_tokens=80, response_format=fmt)
+            .choices[0]
+            .message.content
+        ),
+        PERSON,
+    )
+    cut = client.chat.completions.create(model="stub", messages=MSGS, max_tokens=3, response_format=fmt)
+    assert cut.choices[0].finish_reason == "length"
+    url = served.url + "/v1/chat/completions"
+    body = {"model": "stub", "messages": MSGS, "max_tokens": 8}
+    rf, so = "response_format", "structured_outputs"
+    for bad, param, words in [
+        ({rf: {"type": "json_schema", "json_schema": {"name": "x"}}}, rf, "schema"),
+        ({rf: {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}}, rf, "does not compile"),
+        ({so: {"regex": "[a-"}}, so, "does not compile"),
+        ({so: {"regex": "a", "choice": ["b"]}}, so, "exactly one"),
+        ({so: {"regex": "a"}, rf: {"type": "json_object"}}, so, "not both"),
+    ]:
+        r = httpx.post(url, json={**body, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)
+        assert words in r.json()["error"]["message"] and "\n" not in r.json()["error"]["message"], r.text
+    assert httpx.post(url, json=body).status_code == 200  # still serving
 
 
 def _text(served, body: dict) -> str:

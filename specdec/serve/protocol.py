@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specdec.chat import check_messages, check_text, has_media
+from specdec.grammar import GrammarSpec
 from specdec.processors import LogitsParams
 from specdec.sampling import SamplingParams
 from specdec.stream import StreamResult
@@ -82,7 +83,8 @@ class Params:
     stop: list[str]
     stream: bool
     include_usage: bool
-    logits: LogitsParams | None = None  # bias and penalties; None: none asked for
+    logits: LogitsParams | None = None  # bias, penalties and grammar; None: none asked for
+    grammar_field: str = "response_format"  # the field that asked for the grammar (errors name it)
 
 
 def _number(
@@ -132,7 +134,7 @@ def _checked(text: str, where: str, param: str) -> str:
 #: clients send them by default); any other value is refused rather than silently ignored
 UNHONOURED: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
-    "response_format": (None, {"type": "text"}), "echo": (None, False), "best_of": (None, 1),
+    "echo": (None, False), "best_of": (None, 1),
     "suffix": (None, ""),
 }  # fmt: skip
 
@@ -180,7 +182,8 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
         raise RequestError("'stream_options' must be an object", param="stream_options")
     sampling = _sampling(body, defaults)
     include_usage = bool(opts.get("include_usage"))
-    return Params(prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body))
+    field = "structured_outputs" if body.get("structured_outputs") is not None else "response_format"
+    return Params(prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body), field)
 
 
 def _messages(body: dict) -> list[dict[str, str]]:
@@ -248,8 +251,8 @@ def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
 
 def _logits(body: dict) -> LogitsParams | None:
     """`logit_bias` ({"token id": bias}), `presence_penalty`, `frequency_penalty` (OpenAI's, over the
-    output), `repetition_penalty` (vLLM's and mlx_lm's) and `penalty_context` (the last N tokens, as
-    mlx_lm's context sizes); None where none changes a logit."""
+    output), `repetition_penalty` (vLLM's and mlx_lm's), `penalty_context` (the last N tokens, as
+    mlx_lm's context sizes) and the grammar (`GrammarSpec.from_request`); None where none changes a logit."""
     bias = body.get("logit_bias")
     if bias is not None and not isinstance(bias, dict):
         raise RequestError(
@@ -267,4 +270,10 @@ def _logits(body: dict) -> LogitsParams | None:
         p = LogitsParams(**kw)
     except ValueError as e:  # the bias map's own checks
         raise RequestError(str(e), param="logit_bias") from None
+    try:
+        grammar = GrammarSpec.from_request(body)
+    except ValueError as e:
+        param = "structured_outputs" if "structured_outputs" in str(e) else "response_format"
+        raise RequestError(str(e), param=param) from None
+    p = replace(p, grammar=grammar)
     return p if p.active else None

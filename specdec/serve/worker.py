@@ -151,10 +151,15 @@ class Worker:
                 )
             max_tokens = p.max_tokens if p.max_tokens is not None else min(self.default_max_tokens, room)
             if p.logits is not None:
+                v = eng.verifier
                 try:
-                    p.logits.check(eng.verifier.vocab_size)
+                    p.logits.check_bias(v.vocab_size)
                 except ValueError as e:
                     raise RequestError(str(e), param="logit_bias") from None
+                try:
+                    p.logits.check(v.vocab_size, v.tokenizer, v.eos_token_ids)
+                except ValueError as e:
+                    raise RequestError(str(e), param=p.grammar_field) from None
             stream = eng.stream(
                 ids,
                 max_tokens=max_tokens,
