@@ -259,12 +259,14 @@ class Loaded:
         stop_token_ids: frozenset[int] | None = None,
         max_context: int | None = None,
         logits: LogitsParams | None = None,
+        logprobs: int | None = None,
     ) -> DecodeConfig:
         """A run of what was loaded: its drafter's blocks of `block_size` and its tree budget, or the
         autoregressive baseline where no drafter was loaded (`specdec.engine.decode_config`)."""
         return decode_config(
             self.drafter, block_size=self.block_size, tree=self.tree, max_new_tokens=max_new_tokens,
             sampling=sampling, stop_token_ids=stop_token_ids, max_context=max_context, logits=logits,
+            logprobs=logprobs,
         )  # fmt: skip
 
 

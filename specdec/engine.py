@@ -38,11 +38,12 @@ from specdec.protocols import (
     Verifier,
     check_compatible,
 )
-from specdec.records import JsonlWriter, PromptResult, StepRecord
+from specdec.records import JsonlWriter, PromptResult, StepRecord, TokenLogprob
 from specdec.sampling import Sampler, SamplingParams
 from specdec.tree import Tree, TreeBudget
 
 _NO_DRAFTER = unmeasured("no drafter in this run")
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +56,8 @@ class DecodeConfig:
     max_context: int | None = None  # None: the verifier's limit
     sampling: SamplingParams | None = None  # None or temperature 0: greedy
     tree: TreeBudget | None = None  # verify a tree of drafts per step (`specdec.tree`); None: a chain
-    logits: LogitsParams | None = None  # bias and penalties, applied inside verification (`processors`)
+    logits: LogitsParams | None = None  # bias, penalties, grammar: applied inside verification (`processors`)
+    logprobs: int | None = None  # record each committed token's log-probability and this many top ones
 
     def drafting(self, drafter: Drafter | None) -> Drafter | None:
         """The drafter a run with this config drafts with: None for the autoregressive baseline (no
@@ -73,6 +75,7 @@ def decode_config(
     stop_token_ids: frozenset[int] | None = None,
     max_context: int | None = None,
     logits: LogitsParams | None = None,
+    logprobs: int | None = None,
 ) -> DecodeConfig:
     """The `DecodeConfig` of a run with `drafter` (None: the autoregressive baseline, blocks of 1 and no
     tree), drafting blocks of `block_size` (None: the drafter's own) and verifying trees within `tree`."""
@@ -80,6 +83,7 @@ def decode_config(
     return DecodeConfig(
         max_new_tokens=max_new_tokens, block_size=block, stop_token_ids=stop_token_ids,
         max_context=max_context, sampling=sampling, tree=tree if block > 1 else None, logits=logits,
+        logprobs=logprobs,
     )  # fmt: skip
 
 
@@ -153,6 +157,11 @@ def check_request(
         )
     if cfg.logits is not None:
         cfg.logits.check(verifier.vocab_size, verifier.tokenizer, _stops(verifier, cfg))
+    lp = cfg.logprobs
+    if lp is not None and (
+        isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS
+    ):
+        raise ValueError(f"logprobs (the top tokens to report) must be 0..{MAX_TOP_LOGPROBS}, got {lp!r:.20}")
     bad = [t for t in prompt if not 0 <= t < verifier.vocab_size]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary 0..{verifier.vocab_size - 1}")
@@ -198,25 +207,57 @@ def _features(verifier: Verifier, drafter: Drafter, n: int) -> Any:
     return verifier.features(n, device=drafter.device, dtype=drafter.dtype)
 
 
-def _picker(sampler: Sampler | None, proc: Processor | None, paths: Any, pick: Any) -> Any:
+def _picker(
+    sampler: Sampler | None, proc: Processor | None, paths: Any, pick: Any, lp: Logprobs | None
+) -> Any:
     """The verifier's `sample` callback: logits [T, V] -> its token at each row, the logits processed with
-    each row's path first (`proc`), then `pick` (the sampler's rule) or argmax; None (the verifier picks
-    by argmax on its own side) where there is neither."""
-    if proc is None:
+    each row's path first (`proc`) and kept for their log-probabilities (`lp`), then `pick` (the sampler's
+    rule) or argmax; None (the verifier picks by argmax on its own side) where there is nothing to do."""
+    if proc is None and lp is None:
         return pick if sampler is not None else None
-    if sampler is None:
-        return lambda logits: proc(logits, paths()).argmax(-1).tolist()
-    return lambda logits: pick(proc(logits, paths()))
+
+    def sample(logits: torch.Tensor) -> list[int]:
+        x = proc(logits, paths()) if proc is not None else logits  # [T, V]
+        if lp is not None:
+            lp.capture(x)
+        return pick(x) if sampler is not None else x.argmax(-1).tolist()
+
+    return sample
+
+
+class Logprobs:
+    """Each committed token's log-probability under the processed logits of the row that decided it, and
+    the `top` most likely tokens there (rows kept from the last verify until the step commits)."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self._rows: torch.Tensor | None = None  # [T, V] fp32 log-softmax of the last call's logits
+
+    def capture(self, x: torch.Tensor) -> None:
+        self._rows = torch.log_softmax(x.float(), dim=-1)
+
+    def take(self, rows: Sequence[int], tokens: Sequence[int]) -> list[TokenLogprob]:
+        """The records of `tokens`, decided at `rows` of the last verify."""
+        assert self._rows is not None and len(rows) == len(tokens)
+        x = self._rows[torch.tensor(list(rows), dtype=torch.long, device=self._rows.device)]  # [c, V]
+        own = x.gather(1, torch.tensor(tokens, device=x.device)[:, None])[:, 0].tolist()
+        top: list[list[tuple[int, float]]] = [[] for _ in tokens]
+        if self.top:
+            vals, ids = x.topk(self.top, dim=-1)
+            top = [list(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
+        self._rows = None
+        return [TokenLogprob(t, p, k) for t, p, k in zip(tokens, own, top)]
 
 
 def _verify_tree(
-    verifier: Verifier, tree: Tree, sampler: Sampler | None, proc: Processor | None, pos: int
-) -> tuple[list[int], list[int], list[int]]:
+    verifier: Verifier, tree: Tree, sampler: Sampler | None, proc: Processor | None, lp: Logprobs | None,
+    pos: int,
+) -> tuple[list[int], list[int], list[int]]:  # fmt: skip
     """Verify `tree` and keep its accepted path in the cache: (the path's drafts, the verifier's token after
     each of its nodes, the path's node indices): a chain step that accepted every draft it holds."""
     depths = tree.depths
     paths = lambda: [[tree.tokens[n] for n in tree.path(i)[1:]] for i in range(len(tree))]  # noqa: E731
-    check = _picker(sampler, proc, paths, lambda logits: sampler.verify_tree(logits, depths, pos))
+    check = _picker(sampler, proc, paths, lambda logits: sampler.verify_tree(logits, depths, pos), lp)
     after = verifier.verify_tree(tree, sample=check)  # [N]: the verifier's token after each node
     path = tree.accept(after)
     verifier.keep_path(path)
@@ -285,14 +326,15 @@ def _finish(
 
 def _prefill(
     verifier: Verifier, drafter: Drafter | None, prompt: Sequence[int], keep: int, sampler: Sampler | None,
-    proc: Processor | None, probes: tuple[MemoryProbe, MemoryProbe | None], finish: Any, rule: str,
+    proc: Processor | None, lp: Logprobs | None, probes: tuple[MemoryProbe, MemoryProbe | None], finish: Any,
+    rule: str,
 ) -> StepRecord:  # fmt: skip
     """The prompt's rest in one call, its last logits giving the first token; the drafter takes the
     prompt's features."""
     clock, (vprobe, dprobe) = time.perf_counter, probes
     t0 = clock()
     vprobe.reset()
-    first = _picker(sampler, proc, lambda: [()], lambda logits: [sampler.first(logits, len(prompt))])
+    first = _picker(sampler, proc, lambda: [()], lambda logits: [sampler.first(logits, len(prompt))], lp)
     token = verifier.prefill(prompt[keep:], sample=first)
     t1 = clock()
     vmem = vprobe.read()
@@ -312,6 +354,7 @@ def _prefill(
         draft_s=draft_s, verify_s=t1 - t0, bridge_s=bridge_s, other_s=step_s - draft_s - (t1 - t0) - bridge_s,
         step_s=step_s, peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
         batch_size=verifier.batch_size if isinstance(verifier, BatchedCalls) else None,
+        logprobs=lp.take([-1], out) if lp is not None else None,
     )  # fmt: skip
 
 
@@ -346,6 +389,9 @@ def _decode(
     sampler = Sampler(sp, limit) if sp else None
     proc = _processor(verifier, cfg, prompt)
     grammar = proc.constraint if proc is not None else None
+    if grammar is not None:  # a run under a grammar ends with it (its end tokens are the only ones left)
+        stops = stops | grammar.end_tokens
+    lp = Logprobs(cfg.logprobs) if cfg.logprobs is not None else None
     rule = sp.rule if sp else "greedy"
     vprobe, dprobe = verifier.memory_probe(), drafter.memory_probe() if drafter else None
     verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
@@ -357,7 +403,7 @@ def _decode(
     def finish(committed: list[int], n_out: int) -> tuple[list[int], str | None]:
         return _finish(committed, n_out, stops, cfg.max_new_tokens)
 
-    record = _prefill(verifier, drafter, prompt, keep, sampler, proc, (vprobe, dprobe), finish, rule)
+    record = _prefill(verifier, drafter, prompt, keep, sampler, proc, lp, (vprobe, dprobe), finish, rule)
     if proc is not None:
         proc.commit(record.tokens)
     yield record
@@ -381,10 +427,10 @@ def _decode(
         t1 = clock()
         vprobe.reset()
         if tree is not None:  # after it, the cache holds the accepted path as a chain would
-            draft, target, path = _verify_tree(verifier, tree, sampler, proc, pos)
+            draft, target, path = _verify_tree(verifier, tree, sampler, proc, lp, pos)
         else:
             rows = lambda: [draft[:i] for i in range(len(draft) + 1)]  # noqa: E731, B023 (row i's history)
-            check = _picker(sampler, proc, rows, lambda x: sampler.verify(x, draft, q, pos, cut=cut))  # noqa: B023
+            check = _picker(sampler, proc, rows, lambda x: sampler.verify(x, draft, q, pos, cut=cut), lp)  # noqa: B023
             # [k+1]: the verifier's token after each input; with no drafter the next step's input is this
             # step's output, which an asynchronous runtime can start on before the host sees it
             target = verifier.verify([token, *draft], sample=check, ahead=drafter is None)
@@ -412,6 +458,7 @@ def _decode(
             tree_nodes=len(tree) if tree else None,
             tree_ranks=[tree.ranks[i] for i in path[1:]] if tree else None,
             batch_size=verifier.batch_size if isinstance(verifier, BatchedCalls) else None,
+            logprobs=lp.take(path[:c] if tree else range(c), committed) if lp is not None else None,
         )  # fmt: skip
         n_out += len(committed)
         token = committed[-1]

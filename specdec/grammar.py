@@ -194,7 +194,9 @@ class Constraint:
     def __init__(self, spec: GrammarSpec, tokenizer: Any, vocab_size: int, stops: Sequence[int]) -> None:
         ll = _llguidance()
         self._ll = ll
-        self.matcher = ll.LLMatcher(grammar_tokenizer(tokenizer, vocab_size, stops), spec.grammar())
+        tok = grammar_tokenizer(tokenizer, vocab_size, stops)
+        self.matcher = ll.LLMatcher(tok, spec.grammar())
+        self.end_tokens = frozenset(tok.eos_tokens)  # the grammar's end: they end the run too
         self._raise_on_error()
         self._words = (vocab_size + 31) // 32
         self.vocab_size = vocab_size

@@ -137,7 +137,7 @@ class Processor:
         if self.params.penalized:
             self._penalize(x, paths)
         if self.constraint is not None:
-            x.masked_fill_(~self.constraint.mask(paths).to(x.device), float("-inf"))
+            x = torch.where(self.constraint.mask(paths).to(x.device), x, float("-inf"))
         return x
 
     def _penalize(self, x: torch.Tensor, paths: Sequence[Sequence[int]]) -> None:

@@ -32,6 +32,23 @@ SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).parent / "schema" / "result.schema.json"
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A committed token's log-probability under the verifier's processed logits (bias, penalties and
+    grammar applied; before temperature and truncation), and the `top` most likely tokens there."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(steps: Sequence[StepRecord]) -> list[TokenLogprob] | None:
+    """A run's output tokens' log-probability records, where it asked for them (`DecodeConfig.logprobs`)."""
+    if any(s.logprobs is None for s in steps):
+        return None
+    return [e for s in steps for e in s.logprobs or ()]
+
+
 @dataclass(kw_only=True)
 class StepRecord:
     """One decode step (or the prefill, `phase="prefill"`, which commits the first token)."""
@@ -56,6 +73,8 @@ class StepRecord:
     tree_ranks: list[int] | None = None
     # a batched request (`specdec.batch`): the sequences' calls this step's verify forward ran; None: alone
     batch_size: int | None = None
+    # per committed token, where asked for (`DecodeConfig.logprobs`)
+    logprobs: list[TokenLogprob] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

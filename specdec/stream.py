@@ -238,8 +238,7 @@ class StreamingEngine:
     def from_loaded(
         cls, loaded: Any, *, max_context: int | None = None, reuse: bool = True
     ) -> StreamingEngine:
-        """The engine of what `specdec.api.load` built (`api.Loaded`): its verifier, drafter, block size
-        and tree budget."""
+        """The engine of what `specdec.api.load` built (`api.Loaded`): its verifier, drafter, blocks, tree."""
         return cls(
             loaded.verifier, loaded.drafter, block_size=loaded.block_size, max_context=max_context,
             reuse=reuse, tree=loaded.tree,
@@ -269,15 +268,16 @@ class StreamingEngine:
         stop_token_ids: frozenset[int] | None = None,
         cancel: threading.Event | None = None,
         logits: LogitsParams | None = None,
+        logprobs: int | None = None,
     ) -> Stream:
-        """Start a run (work happens as the Stream is iterated); `logits`: bias, penalties and a grammar,
-        applied inside verification (`specdec.processors`). Errors a user can cause raise here."""
+        """Start a run (work happens as the Stream is iterated); `logits`: bias, penalties, grammar (applied
+        inside verification); `logprobs` k: `StepRecord.logprobs`, top k. Errors a user causes raise here."""
         ids = self.encode(prompt)
         stops = tuple([stop] if isinstance(stop, str) else (stop or ()))
         if not all(isinstance(s, str) for s in stops):
             raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
         limits = {"max_new_tokens": max_tokens, "stop_token_ids": stop_token_ids}
-        cfg = replace(self._base, **limits, sampling=sampling, logits=logits)
+        cfg = replace(self._base, **limits, sampling=sampling, logits=logits, logprobs=logprobs)
         check_request(self.verifier, ids, self.drafter, cfg)
         if stops and self._decode is None:
             raise ValueError(f"stop strings need a tokenizer; verifier {self.verifier.model_name!r} has none")
@@ -575,8 +575,8 @@ class ChatSession:
             self.messages.append({"role": "system", "content": self.system})
 
     def send(self, content: str, **kw: Any) -> Stream:
-        """Stream the reply to `content`; kwargs as `StreamingEngine.stream` (max_tokens, sampling, stop,
-        cancel)."""
+        """Stream the reply to `content`; kwargs as `StreamingEngine.stream` (max_tokens, sampling, logits,
+        logprobs, stop, cancel)."""
         msgs = [*self.messages, {"role": "user", "content": content}]
         try:
             s = self.engine.stream(msgs, **kw)

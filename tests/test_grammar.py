@@ -290,6 +290,14 @@ def test_forced_tokens_are_drafted_for_free(stub: StubVerifier) -> None:
     assert len(run.decode_steps) < len(ar.output_tokens) - 10
 
 
+def test_a_run_without_stop_tokens_ends_with_the_grammar(stub: StubVerifier) -> None:
+    """No stop tokens asked for: the grammar's end token (the tokenizer's EOS) still ends the run, where
+    the first version went on and broke the matcher."""
+    run = _run(stub, RandomDrafter(vocab=stub.vocab_size, block_size=6), stop_token_ids=frozenset())
+    assert run.finish_reason == "stop" and run.output_tokens[-1] == EOS
+    assert run.output_tokens == _run(stub, None, stop_token_ids=frozenset()).output_tokens
+
+
 def test_a_cut_by_max_tokens_says_length(stub: StubVerifier) -> None:
     run = _run(stub, None, n=5)
     assert run.finish_reason == "length" and run.text.startswith('{"')

@@ -141,7 +141,9 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(served):
         (json.dumps({**ok, "top_p": 0}), 400, "top_p"),
         (json.dumps([1, 2]), 400, "JSON object"),
         # fields asking for what the server does not do are refused, not silently ignored
-        (json.dumps({**ok, "logprobs": True}), 400, "'logprobs' is not supported"),
+        (json.dumps({**ok, "logprobs": 3}), 400, "'logprobs' must be true or false"),
+        (json.dumps({**ok, "top_logprobs": 2}), 400, "'top_logprobs' needs 'logprobs': true"),
+        (json.dumps({**ok, "logprobs": True, "top_logprobs": 21}), 400, "'top_logprobs' must be in [0, 20]"),
         (json.dumps({**ok, "frequency_penalty": 2.5}), 400, "'frequency_penalty' must be in [-2, 2]"),
         (json.dumps({**ok, "repetition_penalty": 0}), 400, "'repetition_penalty' must be in (0, 100]"),
         (json.dumps({**ok, "logit_bias": {"x": 10}}), 400, "logit_bias keys must be token ids"),
@@ -248,6 +250,45 @@ def test_structured_output_through_the_openai_client(served) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)
         assert words in r.json()["error"]["message"] and "\n" not in r.json()["error"]["message"], r.text
     assert httpx.post(url, json=body).status_code == 200  # still serving
+
+
+def test_logprobs_through_the_openai_client(served) -> None:
+    """Chat `logprobs` + `top_logprobs` and completions `logprobs`, streamed and not: the Python API's
+    entries (the stop token left out), each token's text spelling the content."""
+    from specdec.records import token_logprobs
+
+    client, ref = served.client(), _engine()
+    want = ref.complete(MSGS, max_tokens=24, logprobs=3)
+    entries = token_logprobs(want.steps)
+    if want.finish_reason == "stop":
+        entries = entries[:-1]
+    r = client.chat.completions.create(
+        model="stub", messages=MSGS, max_tokens=24, logprobs=True, top_logprobs=3
+    )
+    got = r.choices[0].logprobs.content  # (the server's cache may hold the prompt: fp32 rounds apart)
+    assert [g.logprob for g in got] == pytest.approx([e.logprob for e in entries], abs=1e-5)
+    tops = [[t.logprob for t in g.top_logprobs] for g in got]
+    assert tops == [pytest.approx([p for _, p in e.top], abs=1e-5) for e in entries]
+    # a token may hold part of a character: its `bytes` put together spell the content
+    assert bytes(b for g in got for b in g.bytes).decode("utf-8", "replace") == r.choices[0].message.content
+    assert r.choices[0].message.content == want.text
+    chunks = client.chat.completions.create(model="stub", messages=MSGS, max_tokens=24, logprobs=True,
+                                            top_logprobs=3, stream=True)  # fmt: skip
+    streamed = [c for c in chunks if c.choices and c.choices[0].logprobs]
+    got = [g.logprob for c in streamed for g in c.choices[0].logprobs.content]
+    assert got == pytest.approx([e.logprob for e in entries], abs=1e-5)
+    plain = client.chat.completions.create(model="stub", messages=MSGS, max_tokens=8)
+    assert plain.choices[0].logprobs is None
+    c = client.completions.create(model="stub", prompt="Once upon", max_tokens=12, logprobs=2)
+    want = ref.complete("Once upon", max_tokens=12, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(
+        [e.logprob for e in token_logprobs(want.steps)][: len(lp.token_logprobs)], abs=1e-5
+    )
+    assert len(lp.tokens) == len(lp.text_offset) and lp.text_offset[0] == 0
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+    r = httpx.post(served.url + "/v1/completions", json={"model": "stub", "prompt": "x", "logprobs": 6})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
 
 
 def _text(served, body: dict) -> str:

@@ -19,6 +19,7 @@ from specdec.serve.protocol import (
     chunk,
     error_body,
     finish_reason,
+    logprobs_body,
     parse_request,
     response_body,
     usage,
@@ -182,17 +183,19 @@ class _Routes:
                 return StreamingResponse(
                     self._sse(job, chat), media_type="text/event-stream", headers=headers
                 )
-            text = []
+            text, entries = [], []
             while True:
                 kind, payload = await job.events.get()
                 if kind == "event":
                     text.append(payload.delta)
+                    entries += self._logprobs_of(job, payload)
                 elif kind == "error":
                     return JSONResponse({"error": payload["error"]}, status_code=payload["status"])
                 elif kind == "done":
                     break
             result, stats = payload
-            return JSONResponse(response_body(chat, self.model, "".join(text), result, stats))
+            lp = logprobs_body(chat, entries, self.worker.spell) if job.params.logprobs is not None else None
+            return JSONResponse(response_body(chat, self.model, "".join(text), result, stats, lp))
         finally:
             watcher.cancel()
             if not job.params.stream:
@@ -204,8 +207,10 @@ class _Routes:
         def data(obj: dict) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
-        def piece(delta: str | None, finish: str | None) -> dict:
-            return chunk(job_id, chat, created, self.model, delta, finish)
+        def piece(delta: str | None, finish: str | None, lp: dict | None = None) -> dict:
+            return chunk(job_id, chat, created, self.model, delta, finish, lp)
+
+        offset = 0  # completions' text_offset: the text streamed before
 
         try:
             if chat:
@@ -214,8 +219,14 @@ class _Routes:
                 yield data(first)
             while True:
                 kind, payload = await job.events.get()
-                if kind == "event" and payload.delta:
+                entries = self._logprobs_of(job, payload) if kind == "event" else []
+                if entries:  # a step's tokens, with their text as soon as it is final
+                    lp = logprobs_body(chat, entries, self.worker.spell, offset)
+                    yield data(piece(payload.delta, None, lp))
+                elif kind == "event" and payload.delta:
                     yield data(piece(payload.delta, None))
+                if kind == "event":
+                    offset += len(payload.delta)
                 elif kind == "error":
                     yield data({"error": payload["error"]})
                     break
@@ -228,6 +239,16 @@ class _Routes:
             yield "data: [DONE]\n\n"
         finally:
             job.cancel.set()  # the client left (or we are done: then a no-op)
+
+    def _logprobs_of(self, job: Job, ev: Any) -> list:
+        """The logprobs of an event's tokens where the request asked (a stop token that ended it left out:
+        it is not part of the text)."""
+        if job.params.logprobs is None or ev.step is None or not ev.step.logprobs:
+            return []
+        entries = ev.step.logprobs
+        if ev.step.finish_reason == "stop" and entries[-1].token in self.worker.stop_ids:
+            entries = entries[:-1]
+        return entries
 
     async def models(self, request: Any) -> Any:
         from starlette.responses import JSONResponse

@@ -6,19 +6,47 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from specdec.chat import check_messages, check_text, has_media
 from specdec.grammar import GrammarSpec
 from specdec.processors import LogitsParams
+from specdec.records import TokenLogprob
 from specdec.sampling import SamplingParams
 from specdec.stream import StreamResult
 
 __all__ = [
-    "Params", "RequestError", "chunk", "error_body", "finish_reason", "parse_request", "response_body",
-    "usage",
+    "Params", "RequestError", "chunk", "error_body", "finish_reason", "logprobs_body", "parse_request",
+    "response_body", "usage",
 ]  # fmt: skip
+
+
+def logprobs_body(
+    chat: bool, entries: Sequence[TokenLogprob], spell: Callable[[int], bytes], offset: int = 0
+) -> dict:
+    """OpenAI's `logprobs` of some tokens: chat {"content": [{token, logprob, bytes, top_logprobs}]},
+    completions {tokens, token_logprobs, top_logprobs, text_offset} (`offset`: the text before them).
+    `spell`: a token id's bytes."""
+
+    def text(t: int) -> str:
+        return spell(t).decode("utf-8", errors="replace")
+
+    if chat:
+        return {"content": [
+            {"token": text(e.token), "logprob": e.logprob, "bytes": list(spell(e.token)),
+             "top_logprobs": [{"token": text(t), "logprob": p, "bytes": list(spell(t))} for t, p in e.top]}
+            for e in entries
+        ]}  # fmt: skip
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(text(e.token))
+    return {
+        "tokens": [text(e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{text(t): p for t, p in e.top} for e in entries], "text_offset": offsets,
+    }  # fmt: skip
 
 
 class RequestError(ValueError):
@@ -47,26 +75,31 @@ def finish_reason(r: StreamResult) -> str:
     return "length" if r.finish_reason in ("length", "context") else r.finish_reason
 
 
-def chunk(job_id: str, chat: bool, created: int, model: str, delta: str | None, finish: str | None) -> dict:
+def chunk(
+    job_id: str, chat: bool, created: int, model: str, delta: str | None, finish: str | None,
+    logprobs: dict | None = None,
+) -> dict:  # fmt: skip
     """One streamed chunk (`chat.completion.chunk` or `text_completion`)."""
     if chat:
         d = {} if delta is None else {"content": delta}
-        choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": delta or "", "logprobs": logprobs, "finish_reason": finish}
         obj = "text_completion"
     return {"id": job_id, "object": obj, "created": created, "model": model, "choices": [choice]}
 
 
-def response_body(chat: bool, model: str, text: str, r: StreamResult, stats: dict) -> dict:
+def response_body(
+    chat: bool, model: str, text: str, r: StreamResult, stats: dict, logprobs: dict | None = None
+) -> dict:
     """A whole (non-streamed) response, with `usage` and our per-request stats under "specdec"."""
     if chat:
         message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(r)}
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(r)}
         obj, prefix = "chat.completion", "chatcmpl-"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(r)}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(r)}
         obj, prefix = "text_completion", "cmpl-"
     return {
         "id": prefix + uuid.uuid4().hex, "object": obj, "created": int(time.time()), "model": model,
@@ -85,6 +118,7 @@ class Params:
     include_usage: bool
     logits: LogitsParams | None = None  # bias, penalties and grammar; None: none asked for
     grammar_field: str = "response_format"  # the field that asked for the grammar (errors name it)
+    logprobs: int | None = None  # report each token's log-probability and this many top ones; None: off
 
 
 def _number(
@@ -133,8 +167,7 @@ def _checked(text: str, where: str, param: str) -> str:
 #: OpenAI request fields this server does not honour, with the values that ask for nothing (accepted, as
 #: clients send them by default); any other value is refused rather than silently ignored
 UNHONOURED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
-    "echo": (None, False), "best_of": (None, 1),
+    "tools": (None, []), "functions": (None, []), "echo": (None, False), "best_of": (None, 1),
     "suffix": (None, ""),
 }  # fmt: skip
 
@@ -183,7 +216,22 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
     sampling = _sampling(body, defaults)
     include_usage = bool(opts.get("include_usage"))
     field = "structured_outputs" if body.get("structured_outputs") is not None else "response_format"
-    return Params(prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body), field)
+    return Params(
+        prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body), field, _logprobs(body, chat)
+    )
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Chat: `logprobs` true and `top_logprobs` 0..20; completions: `logprobs` 0..5 (the top count)."""
+    if not chat:
+        return _number(body, "logprobs", None, lo=0, hi=5, integer=True)
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise RequestError(f"'logprobs' must be true or false, got {json.dumps(on)[:40]}", param="logprobs")
+    top = _number(body, "top_logprobs", None, lo=0, hi=20, integer=True)
+    if top is not None and not on:
+        raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if on else None
 
 
 def _messages(body: dict) -> list[dict[str, str]]:

@@ -33,6 +33,29 @@ class Job:
             self.cancel.set()
 
 
+class TokenSpeller:
+    """A token id's bytes (logprobs' `bytes`): llguidance knows every tokenizer's (byte-level, SentencePiece
+    byte fallback), built on first use; without it, the token decoded alone."""
+
+    def __init__(self, verifier: Any) -> None:
+        self.verifier, self._spell = verifier, None
+
+    def __call__(self, token: int) -> bytes:
+        if self._spell is None:
+            v, tok = self.verifier, self.verifier.tokenizer
+            self._spell = lambda t: str(t).encode()
+            if tok is not None:
+                self._spell = lambda t: tok.decode([t]).encode()
+                try:
+                    from specdec.grammar import grammar_tokenizer
+
+                    ll = grammar_tokenizer(tok, v.vocab_size, v.eos_token_ids)
+                    self._spell = lambda t: ll.decode_bytes([t])
+                except ValueError:
+                    pass
+        return self._spell(token)
+
+
 class Worker:
     """One thread per engine; at most `max_queue` requests wait for a free one (0: none wait). Engines on
     sequences of one batch run their requests' verifies together (`engine.decode`).
@@ -56,6 +79,8 @@ class Worker:
         self.jobs: queue.Queue[Job | None] = queue.Queue()  # bounded by `submit`
         self.max_queue = max_queue
         self.metrics = Metrics()
+        self.spell = TokenSpeller(self.engine.verifier)
+        self.stop_ids = self.engine.verifier.eos_token_ids
         self.running: set[Job] = set()
         self.error: BaseException | None = None
         self._on_death = on_death
@@ -167,6 +192,7 @@ class Worker:
                 stop=p.stop,
                 cancel=job.cancel,
                 logits=p.logits,
+                logprobs=p.logprobs,
             )
         except ValueError as e:  # what the client sent (bad ids, a template that rejects the messages, ...)
             self.metrics.add("requests_invalid")
