@@ -12,6 +12,7 @@ training data all encode through `encode_prompt`).
 
 from __future__ import annotations
 
+import json
 import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,11 +20,13 @@ from typing import Any
 __all__ = [
     "FALLBACK_CHAT_FORMAT",
     "ROLES",
+    "chat_template",
     "check_messages",
     "check_text",
     "encode_prompt",
     "has_media",
     "prompt_format",
+    "set_chat_template",
 ]
 
 FALLBACK_CHAT_FORMAT = "<role>: <content>\\n per message, then 'assistant:'"
@@ -51,8 +54,10 @@ def has_media(content: Any) -> bool:
     return any(isinstance(p, Mapping) and p.get("type", "text") != "text" for p in parts)
 
 
-def check_messages(messages: Any) -> list[dict[str, str]]:
-    """Chat messages as plain dicts, or ValueError naming the first bad one."""
+def check_messages(messages: Any) -> list[dict[str, Any]]:
+    """Chat messages as plain dicts, or ValueError naming the first bad one. An assistant message may carry
+    OpenAI `tool_calls` (their JSON arguments become objects, as chat templates read them) and no content;
+    a tool message its `tool_call_id`."""
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise ValueError("chat messages must be a non-empty list of {'role': ..., 'content': ...}")
     out = []
@@ -62,6 +67,13 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise ValueError(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r:.40}")
+        if role == "assistant" and m.get("tool_calls"):
+            out.append(_with_calls(m, i))
+            continue
+        if role == "tool" and isinstance(content, str):
+            extra = {k: m[k] for k in ("tool_call_id", "name") if isinstance(m.get(k), str)}
+            out.append({"role": role, "content": check_text(content, f"messages[{i}].content"), **extra})
+            continue
         if not isinstance(content, str):
             if has_media(content):
                 raise ValueError(
@@ -70,6 +82,58 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
             raise ValueError(f"messages[{i}].content must be a string, got {content!r:.80}")
         out.append({"role": role, "content": check_text(content, f"messages[{i}].content")})
     return out
+
+
+def _with_calls(m: Mapping, i: int) -> dict[str, Any]:
+    """An assistant message with OpenAI `tool_calls`, arguments parsed (templates `tojson` them)."""
+    calls = []
+    for j, c in enumerate(m["tool_calls"] if isinstance(m["tool_calls"], list) else [None]):
+        fn = c.get("function") if isinstance(c, Mapping) else None
+        args = fn.get("arguments", "{}") if isinstance(fn, Mapping) else None
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            args = None
+        if (
+            not isinstance(fn, Mapping)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(args, Mapping)
+        ):
+            raise ValueError(
+                f"messages[{i}].tool_calls[{j}] must be {{'type': 'function', 'function': {{'name', "
+                "'arguments': JSON object text}}}"
+            )
+        call = {"type": "function", "function": {"name": fn["name"], "arguments": dict(args)}}
+        calls.append({**call, "id": c["id"]} if isinstance(c.get("id"), str) else call)
+    content = m.get("content") or ""
+    if not isinstance(content, str):
+        raise ValueError(f"messages[{i}].content must be a string or null, got {content!r:.80}")
+    return {
+        "role": "assistant",
+        "content": check_text(content, f"messages[{i}].content"),
+        "tool_calls": calls,
+    }
+
+
+def chat_template(tokenizer: Any) -> str | None:
+    """The tokenizer's chat template text (mlx_lm's wrapper: its HF tokenizer's); None where it has none."""
+    inner = getattr(tokenizer, "_tokenizer", None)
+    for t in (tokenizer, inner):
+        text = getattr(t, "chat_template", None)
+        if isinstance(text, str):
+            return text
+    return None
+
+
+def set_chat_template(tokenizer: Any, template: str) -> None:
+    """Render chat messages with `template` (Jinja) in place of the tokenizer's own."""
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer to give a chat template")
+    inner = getattr(tokenizer, "_tokenizer", None)
+    target = inner if hasattr(inner, "apply_chat_template") else tokenizer  # mlx_lm's wrapper: its HF one
+    target.chat_template = template
+    if isinstance(getattr(tokenizer, "has_chat_template", None), bool):  # mlx_lm's wrapper caches it
+        tokenizer.has_chat_template = True
 
 
 def has_chat_template(tokenizer: Any) -> bool:
@@ -87,12 +151,20 @@ def prompt_format(tokenizer: Any) -> str:
     return "chat" if has_chat_template(tokenizer) else "fallback"
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+    if tools and "tools" not in (chat_template(tokenizer) or ""):
+        raise ValueError(
+            "this model's chat template has no tool syntax, so it cannot be given tools: leave 'tools' out, "
+            "or serve it with --chat-template FILE (a template that renders them)"
+        )
+    if any(m["role"] == "tool" or "tool_calls" in m for m in messages) and not has_chat_template(tokenizer):
+        raise ValueError("tool calls and results need a chat template that renders them; this model has none")
     if not has_chat_template(tokenizer):
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return list(tokenizer.encode(text))
+    kw = {"tools": tools} if tools else {}
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kw)
     except Exception as e:
         from jinja2 import TemplateError  # transformers and mlx_lm render templates with jinja2
 
@@ -103,9 +175,13 @@ def _render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return [int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)]
 
 
-def encode_prompt(verifier: Any, prompt: Prompt) -> list[int]:
+def encode_prompt(verifier: Any, prompt: Prompt, *, tools: list[dict] | None = None) -> list[int]:
     """Text, chat messages or token ids -> prompt ids for `verifier` (its tokenizer; see the module
-    docstring); ValueError for anything no tokenizer can take, before any work."""
+    docstring); `tools` (OpenAI's, `specdec.tools.check_tools`) rendered by the chat template with chat
+    messages. ValueError for anything no tokenizer can take, before any work."""
+    if tools and (isinstance(prompt, str) or not isinstance(prompt, Sequence) or not prompt
+                  or not isinstance(prompt[0], Mapping)):  # fmt: skip
+        raise ValueError("tools are given to a model with chat messages, not text or token ids")
     if isinstance(prompt, str) or (
         isinstance(prompt, Sequence) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
     ):
@@ -114,7 +190,7 @@ def encode_prompt(verifier: Any, prompt: Prompt) -> list[int]:
             raise ValueError(f"verifier {verifier.model_name!r} has no tokenizer: pass token ids")
         if isinstance(prompt, str):
             return list(tok.encode(check_text(prompt, "the prompt")))
-        return _render(tok, check_messages(prompt))
+        return _render(tok, check_messages(prompt), tools)
     if not isinstance(prompt, Sequence) or len(prompt) == 0:
         raise ValueError("empty prompt: give text, chat messages or token ids")
     ids = []

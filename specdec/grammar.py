@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["GRAMMAR_KINDS", "Constraint", "GrammarSpec", "grammar_tokenizer"]
+__all__ = ["GRAMMAR_KINDS", "JSON_OPTIONS", "Constraint", "GrammarSpec", "grammar_tokenizer"]
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "lark", "choice")
 #: separators fixed, no free whitespace (json.dumps' defaults: what models read most)
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _llguidance() -> Any:
@@ -133,9 +133,9 @@ class GrammarSpec:
         """The llguidance grammar."""
         M = _llguidance().LLMatcher
         if self.kind == "json_schema":
-            return M.grammar_from_json_schema(self.source, defaults=_JSON_OPTIONS)
+            return M.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS)
         if self.kind == "json_object":
-            return M.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+            return M.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
         if self.kind == "regex":
             return M.grammar_from_regex(self.source)
         if self.kind == "lark":

@@ -254,9 +254,9 @@ class StreamingEngine:
         with self._lock:
             self._vtokens = self._dtokens = None
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: Prompt, *, tools: list[dict] | None = None) -> list[int]:
         """Text, chat messages ([{"role", "content"}]) or token ids -> prompt ids (`specdec.chat`)."""
-        return encode_prompt(self.verifier, prompt)
+        return encode_prompt(self.verifier, prompt, tools=tools)
 
     def stream(
         self,

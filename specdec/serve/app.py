@@ -26,6 +26,7 @@ from specdec.serve.protocol import (
 )
 from specdec.serve.worker import Job, Worker
 from specdec.stream import StreamingEngine
+from specdec.tools import ToolStream
 
 __all__ = ["BYTES_PER_POSITION", "build_app", "request_bytes_for"]
 
@@ -49,15 +50,18 @@ def build_app(
     sampling: SamplingParams | None = None,
     on_death: Callable[[BaseException], None] | None = None,
     max_request_bytes: int | None = None,
+    tool_parser: str | None = None,
 ) -> Any:
     """The Starlette app; `app.state.worker` is the Worker (its threads start here; `on_death` as there).
     Several engines (on sequences of one batch: `specdec.batch.batch_of`) serve as many requests at once,
     their verifies together. A request body past `max_request_bytes` (default `request_bytes_for` the
-    engine's context) is refused (413) as it arrives, before it is parsed or tokenized."""
+    engine's context) is refused (413) as it arrives, before it is parsed or tokenized. `tool_parser`:
+    the model's tool call syntax (`specdec.tools.SYNTAXES`; None: detected from its chat template)."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    worker = Worker(engine, max_queue=max_queue, default_max_tokens=default_max_tokens, on_death=on_death)
+    worker = Worker(engine, max_queue=max_queue, default_max_tokens=default_max_tokens, on_death=on_death,
+                    tool_parser=tool_parser)  # fmt: skip
     limit = max_request_bytes or request_bytes_for(worker.engine.max_context)
     r = _Routes(worker, model_name or worker.engine.verifier.model_name, sampling or SamplingParams(), limit)
 
@@ -183,19 +187,30 @@ class _Routes:
                 return StreamingResponse(
                     self._sse(job, chat), media_type="text/event-stream", headers=headers
                 )
-            text, entries = [], []
+            text, entries, tokens = [], [], []
             while True:
                 kind, payload = await job.events.get()
                 if kind == "event":
                     text.append(payload.delta)
                     entries += self._logprobs_of(job, payload)
+                    tokens += payload.tokens
                 elif kind == "error":
                     return JSONResponse({"error": payload["error"]}, status_code=payload["status"])
                 elif kind == "done":
                     break
             result, stats = payload
             lp = logprobs_body(chat, entries, self.worker.spell) if job.params.logprobs is not None else None
-            return JSONResponse(response_body(chat, self.model, "".join(text), result, stats, lp))
+            body = response_body(chat, self.model, "".join(text), result, stats, lp)
+            if job.params.tools is not None:  # the model's calls, where its reply holds them
+                ts = ToolStream(self.worker.tool_syntax)
+                ts.push("".join(text))
+                content, calls = ts.finish(self._raw(tokens))
+                if calls:
+                    msg = body["choices"][0]["message"]
+                    msg["content"] = content or None
+                    msg["tool_calls"] = [c.to_openai() for c in calls]
+                    body["choices"][0]["finish_reason"] = "tool_calls"
+            return JSONResponse(body)
         finally:
             watcher.cancel()
             if not job.params.stream:
@@ -211,6 +226,8 @@ class _Routes:
             return chunk(job_id, chat, created, self.model, delta, finish, lp)
 
         offset = 0  # completions' text_offset: the text streamed before
+        ts = ToolStream(self.worker.tool_syntax) if job.params.tools is not None else None
+        tokens: list[int] = []
 
         try:
             if chat:
@@ -219,26 +236,47 @@ class _Routes:
                 yield data(first)
             while True:
                 kind, payload = await job.events.get()
-                entries = self._logprobs_of(job, payload) if kind == "event" else []
-                if entries:  # a step's tokens, with their text as soon as it is final
-                    lp = logprobs_body(chat, entries, self.worker.spell, offset)
-                    yield data(piece(payload.delta, None, lp))
-                elif kind == "event" and payload.delta:
-                    yield data(piece(payload.delta, None))
                 if kind == "event":
-                    offset += len(payload.delta)
+                    entries = self._logprobs_of(job, payload)
+                    delta = payload.delta
+                    if ts is not None:  # a call's text is held back until it parses
+                        tokens += payload.tokens
+                        delta = ts.push(delta)
+                    if entries:  # a step's tokens, with their text as soon as it is final
+                        yield data(
+                            piece(delta, None, logprobs_body(chat, entries, self.worker.spell, offset))
+                        )
+                    elif delta:
+                        yield data(piece(delta, None))
+                    offset += len(delta)
                 elif kind == "error":
                     yield data({"error": payload["error"]})
                     break
                 elif kind == "done":
                     result, stats = payload
-                    yield data(piece(None, finish_reason(result)) | {"specdec": stats})
+                    finish = finish_reason(result)
+                    if ts is not None:
+                        rest, calls = ts.finish(self._raw(tokens))
+                        if rest:
+                            yield data(piece(rest, None))
+                        for i, call in enumerate(calls):  # each call whole, in one delta
+                            c = piece(None, None)
+                            c["choices"][0]["delta"] = {"tool_calls": [call.to_openai(index=i)]}
+                            yield data(c)
+                        finish = "tool_calls" if calls else finish
+                    yield data(piece(None, finish) | {"specdec": stats})
                     if job.params.include_usage:
                         yield data(piece(None, None) | {"choices": [], "usage": usage(result)})
                     break
             yield "data: [DONE]\n\n"
         finally:
             job.cancel.set()  # the client left (or we are done: then a no-op)
+
+    def _raw(self, tokens: list[int]) -> str:
+        """The reply's text with special tokens kept (a stop token that ended it left out)."""
+        if tokens and tokens[-1] in self.worker.stop_ids:
+            tokens = tokens[:-1]
+        return self.worker.raw_text(tokens)
 
     def _logprobs_of(self, job: Job, ev: Any) -> list:
         """The logprobs of an event's tokens where the request asked (a stop token that ended it left out:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from specdec.api import load
@@ -17,10 +18,12 @@ from specdec.args import (
     run_spec,
     sampling_of,
 )
+from specdec.chat import set_chat_template
 from specdec.drafting.spec import DrafterSpec
 from specdec.extras import require
 from specdec.serve.app import BYTES_PER_POSITION, build_app
 from specdec.stream import StreamingEngine
+from specdec.tools import SYNTAXES
 
 __all__ = ["add_serve_args", "cmd_serve", "listen_socket"]
 
@@ -49,6 +52,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="requests served at once, their verifies in one forward (exact or refused; "
         "docs/batching.md); auto (default): as many as raise the rate measured at start, 1 where "
         "a batch cannot be exact",
+    )  # fmt: skip
+    p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template in place of the model's")
+    p.add_argument(
+        "--tool-call-parser", choices=sorted(SYNTAXES),
+        help="the model's tool call syntax (default: detected from its chat template)",
     )  # fmt: skip
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
     p.set_defaults(min_confidence=None)  # `_min_confidence`: as the main job where not given
@@ -85,6 +93,12 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     import uvicorn
 
     sampling = sampling_of(args)
+    template = None
+    if args.chat_template is not None:  # read before any model loads
+        try:
+            template = Path(args.chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--chat-template: cannot read {args.chat_template!r}: {e}") from None
     args.min_confidence = _min_confidence(args)
     spec = run_spec(args)
     batchable = spec.tree is None
@@ -92,6 +106,8 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
         raise ValueError("--max-batch verifies chains: drop --tree (docs/batching.md)")
     m = load(spec)
     verifier = m.verifier
+    if template is not None:
+        set_chat_template(verifier.tokenizer, template)
     engines = _engines(spec, m, args, batchable=batchable)
     server: Any = None
     died: list[BaseException] = []
@@ -104,7 +120,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     app = build_app(
         engines, model_name=args.served_model_name, max_queue=args.max_queue,
         default_max_tokens=args.default_max_tokens, sampling=sampling, on_death=on_death,
-        max_request_bytes=args.max_request_bytes,
+        max_request_bytes=args.max_request_bytes, tool_parser=args.tool_call_parser,
     )  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     name = args.served_model_name or verifier.model_name

@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec.chat import check_messages, check_text, has_media
@@ -16,6 +16,7 @@ from specdec.processors import LogitsParams
 from specdec.records import TokenLogprob
 from specdec.sampling import SamplingParams
 from specdec.stream import StreamResult
+from specdec.tools import ToolChoice, check_tools
 
 __all__ = [
     "Params", "RequestError", "chunk", "error_body", "finish_reason", "logprobs_body", "parse_request",
@@ -119,6 +120,9 @@ class Params:
     logits: LogitsParams | None = None  # bias, penalties and grammar; None: none asked for
     grammar_field: str = "response_format"  # the field that asked for the grammar (errors name it)
     logprobs: int | None = None  # report each token's log-probability and this many top ones; None: off
+    tools: list[dict] | None = None  # OpenAI's, given to the model (None: none, or tool_choice "none")
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
 
 
 def _number(
@@ -167,18 +171,15 @@ def _checked(text: str, where: str, param: str) -> str:
 #: OpenAI request fields this server does not honour, with the values that ask for nothing (accepted, as
 #: clients send them by default); any other value is refused rather than silently ignored
 UNHONOURED: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []), "functions": (None, []), "echo": (None, False), "best_of": (None, 1),
+    "functions": (None, []), "echo": (None, False), "best_of": (None, 1),
     "suffix": (None, ""),
 }  # fmt: skip
 
 
 def _unhonoured(body: dict) -> None:
-    """A RequestError for the first field of `UNHONOURED` that asks for something (tools with tool_choice
-    "none" ask for nothing)."""
+    """A RequestError for the first field of `UNHONOURED` that asks for something."""
     for name, nothing in UNHONOURED.items():
         v = body.get(name)
-        if name == "tools" and body.get("tool_choice") == "none":
-            continue
         if v not in nothing:  # by value: 0 and 0.0, 1 and 1.0 alike
             raise RequestError(
                 f"'{name}' is not supported by this server (plain text from the verifier's own "
@@ -215,10 +216,38 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
         raise RequestError("'stream_options' must be an object", param="stream_options")
     sampling = _sampling(body, defaults)
     include_usage = bool(opts.get("include_usage"))
-    field = "structured_outputs" if body.get("structured_outputs") is not None else "response_format"
-    return Params(
-        prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body), field, _logprobs(body, chat)
+    asked = "structured_outputs" if body.get("structured_outputs") is not None else "response_format"
+    p = Params(
+        prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body), asked, _logprobs(body, chat)
     )
+    return _tools(body, p) if chat else p
+
+
+def _tools(body: dict, p: Params) -> Params:
+    """`tools`, `tool_choice`, `parallel_tool_calls` (the grammar of forced calls is the worker's: it knows
+    the model's call syntax)."""
+    try:
+        choice = ToolChoice.parse(body.get("tool_choice"))
+    except ValueError as e:
+        raise RequestError(str(e), param="tool_choice") from None
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise RequestError("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
+    if body.get("tools") in (None, []):
+        if choice.mode in ("required", "named"):
+            raise RequestError(f"tool_choice {choice.mode!r} needs 'tools'", param="tool_choice")
+        return p
+    try:
+        tools = check_tools(body["tools"])
+    except ValueError as e:
+        raise RequestError(str(e), param="tools") from None
+    if choice.mode == "none":
+        return replace(p, tool_choice=choice)
+    if choice.name is not None and choice.name not in {t["function"]["name"] for t in tools}:
+        raise RequestError(f"tool_choice names {choice.name!r}, which is not in 'tools'", param="tool_choice")
+    if p.logits is not None and p.logits.grammar is not None:
+        raise RequestError(f"give 'tools' or '{p.grammar_field}', not both", param=p.grammar_field)
+    return replace(p, tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
@@ -234,7 +263,7 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     return (top or 0) if on else None
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
+def _messages(body: dict) -> list[dict[str, Any]]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise RequestError("'messages' must be a non-empty list of {role, content}", param="messages")
@@ -242,7 +271,11 @@ def _messages(body: dict) -> list[dict[str, str]]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(f"messages[{i}] must be an object with a string 'role'", param="messages")
-        prompt.append({"role": m["role"], "content": _content(m, i)})
+        if m["role"] == "assistant" and m.get("tool_calls"):  # content may be null beside calls
+            prompt.append({**m, "content": "" if m.get("content") is None else _content(m, i)})
+        else:
+            extra = {"tool_call_id": m["tool_call_id"]} if m["role"] == "tool" and "tool_call_id" in m else {}
+            prompt.append({"role": m["role"], "content": _content(m, i), **extra})
     try:
         return check_messages(prompt)
     except ValueError as e:

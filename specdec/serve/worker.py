@@ -9,12 +9,15 @@ import asyncio
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specdec.chat import chat_template
+from specdec.processors import LogitsParams
 from specdec.serve.metrics import Metrics, request_stats
 from specdec.serve.protocol import Params, RequestError, error_body
 from specdec.stream import StreamingEngine
+from specdec.tools import SYNTAXES, detect_syntax, tool_grammar
 
 __all__ = ["Job", "Worker"]
 
@@ -69,6 +72,7 @@ class Worker:
         max_queue: int = 16,
         default_max_tokens: int = 512,
         on_death: Callable[[BaseException], None] | None = None,
+        tool_parser: str | None = None,
     ) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
@@ -81,6 +85,12 @@ class Worker:
         self.metrics = Metrics()
         self.spell = TokenSpeller(self.engine.verifier)
         self.stop_ids = self.engine.verifier.eos_token_ids
+        tok = self.engine.verifier.tokenizer
+        self.tool_syntax = SYNTAXES[tool_parser] if tool_parser else detect_syntax(chat_template(tok))
+        # the text of tokens with the special ones kept (a call syntax may be made of them)
+        self.raw_text: Callable[[Sequence[int]], str] = lambda ids: tok.decode(list(ids))
+        if hasattr(tok, "convert_ids_to_tokens") or hasattr(getattr(tok, "_tokenizer", None), "decode"):
+            self.raw_text = lambda ids: tok.decode(list(ids), skip_special_tokens=False)
         self.running: set[Job] = set()
         self.error: BaseException | None = None
         self._on_death = on_death
@@ -155,10 +165,33 @@ class Worker:
                 self._on_death(e)
             raise
 
+    def _with_tool_grammar(self, p: Params) -> Params:
+        """The request with the model's call syntax known, and under `tool_choice` "required" or a named
+        function the grammar of a reply that is only valid calls."""
+        if self.tool_syntax is None:
+            raise RequestError(
+                "this model's chat template writes tool calls in a syntax we do not parse: name one with "
+                f"--tool-call-parser ({', '.join(SYNTAXES)})",
+                param="tools",
+            )
+        if p.tool_choice.mode not in ("required", "named"):
+            return p
+        try:
+            grammar = tool_grammar(self.tool_syntax, p.tools or [], p.tool_choice, p.parallel_tool_calls)
+        except ValueError as e:
+            raise RequestError(str(e), param="tool_choice") from None
+        return replace(p, logits=replace(p.logits or LogitsParams(), grammar=grammar), grammar_field="tools")
+
     def _serve(self, job: Job, eng: StreamingEngine) -> None:
         p = job.params
         try:
-            ids = eng.encode(p.prompt)
+            try:
+                ids = eng.encode(p.prompt, tools=p.tools)
+            except ValueError as e:  # the messages, or tools the template cannot render
+                field = "tools" if p.tools and "tool" in str(e) else "messages" if p.chat else "prompt"
+                raise RequestError(str(e), param=field) from None
+            if p.tools is not None:
+                p = job.params = self._with_tool_grammar(p)
             limit = eng.max_context
             if len(ids) >= limit:
                 raise RequestError(

@@ -1,0 +1,273 @@
+"""Tool calls (`specdec.tools`): each family's call syntax parsed (and malformed calls left as text), the
+syntax detected from a chat template, calls streamed apart from content, `required` / named choices forced
+valid by a grammar in every family that has one, tools and tool results through a chat template; and the
+OpenAI client's whole loop (call, tool result, answer), streamed and not, against `specdec serve`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.engine import DecodeConfig, generate
+from specdec.processors import LogitsParams
+from specdec.tools import SYNTAXES, ToolCall, ToolChoice, ToolStream, check_tools, detect_syntax, tool_grammar
+from specdec.verifiers.stub import StubVerifier
+
+pytest.importorskip("llguidance")
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}}, "required": ["zone"],
+        "additionalProperties": False}  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER},
+    },
+    {"type": "function", "function": {"name": "get_time", "description": "Time now", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+#: a chat template in the Hermes / Qwen call syntax (the syntax is a fact; this template is ours)
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|system|>You may call:{% for t in tools %} {{ t.function.name }}"
+    '{{ t.function.parameters | tojson }}{% endfor %}. Call as <tool_call>{"name", "arguments"}</tool_call>\n'
+    "{% endif %}{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|assistant|>{% for c in m.tool_calls %}<tool_call>\n"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
+    "{% endfor %}\n{%- elif m.role == 'tool' %}<|tool|><tool_response>{{ m.content }}</tool_response>\n"
+    "{%- else %}<|{{ m.role }}|>{{ m.content }}\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def _valid(call: ToolCall) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+# ---- the families' syntaxes --------------------------------------------------------------------------------
+
+ARGS = '{"city": "Oslo", "unit": "c"}'
+PARSES = {
+    "hermes": [
+        (f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>', "", 1),
+        (f'Let me look.<tool_call>{{"name": "get_weather", "arguments": {ARGS}}}</tool_call>\n'
+         '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>', "Let me look.", 2),
+    ],
+    "llama3_json": [
+        (f'{{"name": "get_weather", "parameters": {ARGS}}}', "", 1),
+        (f'<|python_tag|>{{"name": "get_weather", "parameters": {ARGS}}}; '
+         '{"name": "get_time", "parameters": {"zone": "UTC"}}', "", 2),
+    ],
+    "mistral": [
+        (f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {ARGS}}}]', "", 1),
+        (f"[TOOL_CALLS]get_weather[ARGS]{ARGS}[TOOL_CALLS]get_time[ARGS]{{\"zone\": \"UTC\"}}", "", 2),
+    ],
+    "harmony": [
+        (f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{ARGS}<|call|>", "", 1),
+    ],
+}  # fmt: skip
+MALFORMED = {
+    "hermes": ['<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>', "<tool_call>{}"],
+    "llama3_json": ['{"name": "get_weather", "parameters": [1]}', "The weather is fine."],
+    "mistral": ["[TOOL_CALLS][{]", "[TOOL_CALLS]get_weather[ARGS]{oops"],
+    "harmony": ["<|channel|>commentary to=functions.get_weather<|message|>{nope<|call|>"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYNTAXES))
+def test_each_family_parses_its_calls_and_leaves_malformed_ones_as_text(name: str) -> None:
+    syntax = SYNTAXES[name]
+    for text, head, n in PARSES[name]:
+        got = syntax.parse(text)
+        assert got is not None, text
+        assert got[0] == head and len(got[1]) == n, (text, got)
+        assert got[1][0].name == "get_weather" and json.loads(got[1][0].arguments) == json.loads(ARGS)
+    for text in MALFORMED[name]:
+        assert syntax.parse(text) is None, text
+        ts = ToolStream(syntax)
+        sent = ts.push(text)
+        rest, calls = ts.finish()
+        assert calls == [] and sent + rest == text  # the whole reply comes back as text
+
+
+def test_the_syntax_is_detected_from_the_template() -> None:
+    assert detect_syntax(HERMES_TEMPLATE).name == "hermes"
+    assert detect_syntax("{{ '[TOOL_CALLS]' }}").name == "mistral"
+    assert detect_syntax("<|python_tag|>{{ x }}").name == "llama3_json"
+    assert detect_syntax("<|start|>assistant to=functions.{{ name }}").name == "harmony"
+    assert detect_syntax("{{ messages }}") is None and detect_syntax(None) is None
+
+
+def test_content_streams_and_the_call_is_held_back() -> None:
+    ts = ToolStream(SYNTAXES["hermes"])
+    call = f'<tool_call>{{"name": "get_weather", "arguments": {ARGS}}}</tool_call>'
+    pieces = ["Sure", ", checking", " now. <tool", call[5:20], call[20:]]
+    sent = [ts.push(p) for p in pieces]
+    assert "".join(sent) == "Sure, checking now. "  # "<tool" was held: it might open a call
+    rest, calls = ts.finish()
+    assert rest == "" and [c.name for c in calls] == ["get_weather"]
+    llama = ToolStream(SYNTAXES["llama3_json"])  # the whole message is the call: nothing streams as content
+    assert llama.push('{"name": "get_time", ') == "" and llama.push('"parameters": {"zone": "x"}}') == ""
+    assert [c.name for c in llama.finish()[1]] == ["get_time"]
+    plain = ToolStream(SYNTAXES["llama3_json"])
+    assert plain.push("Hello") == "Hello" and plain.finish() == ("", [])
+
+
+def test_tools_and_choices_are_checked() -> None:
+    assert ToolChoice.parse({"type": "function", "function": {"name": "f"}}) == ToolChoice("named", "f")
+    for bad in ["always", {"type": "function"}, 3]:
+        with pytest.raises(ValueError, match="'tool_choice' must be"):
+            ToolChoice.parse(bad)
+    for tools, says in [
+        ([], "non-empty list"),
+        ([{"type": "function", "function": {"name": "a b"}}], "function.name must be"),
+        ([TOOLS[0], TOOLS[0]], "is given twice"),
+        ([{"type": "code"}], r"tools\[0\] must be"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": 5}}],
+            "parameters must be a JSON schema",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            check_tools(tools)
+
+
+# ---- forced calls: every family's grammar yields calls that parse and validate --------------------------
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
+def test_required_and_named_calls_are_valid_in_every_family(name: str) -> None:
+    """The stub (a random model) under each grammar: the reply parses in the family's syntax, each call's
+    arguments validate; a named choice calls that function alone; without parallel calls, one call; and
+    speculation (a random drafter) gives the same reply."""
+    from drafters import RandomDrafter
+
+    v = StubVerifier()
+    prompt = v.tokenizer.encode("Call a tool:")
+    syntax = SYNTAXES[name]
+    for choice, parallel in [(ToolChoice("required"), True), (ToolChoice("named", "get_time"), True),
+                             (ToolChoice("required"), False)]:  # fmt: skip
+        params = LogitsParams(grammar=tool_grammar(syntax, TOOLS, choice, parallel))
+        cfg = DecodeConfig(max_new_tokens=800, block_size=1, logits=params)  # 8 calls at most
+        run = generate(v, prompt, cfg=cfg)
+        assert run.finish_reason == "stop", run.text
+        parsed = syntax.parse(run.text)
+        assert parsed is not None and parsed[1], run.text
+        for call in parsed[1]:
+            _valid(call)
+            assert choice.name in (None, call.name)
+        if not parallel:
+            assert len(parsed[1]) == 1
+        spec = generate(v, prompt, drafter=RandomDrafter(vocab=v.vocab_size, block_size=6),
+                        cfg=DecodeConfig(max_new_tokens=800, block_size=6, logits=params))  # fmt: skip
+        assert spec.output_tokens == run.output_tokens
+    with pytest.raises(ValueError, match="not among the tools"):
+        tool_grammar(syntax, TOOLS, ToolChoice("named", "nope"), True)
+
+
+# ---- through a chat template ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from tinymodels import tiny_llama, tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("tools") / "llama"
+    return tiny_tokenizer(tiny_llama(path), chat_template=HERMES_TEMPLATE, bos=1, eos=2)
+
+
+@pytest.mark.hf
+def test_tools_and_results_go_through_the_template(tool_model) -> None:
+    from specdec.chat import encode_prompt
+    from specdec.verifiers.hf import HFVerifier
+
+    v = HFVerifier(tool_model)
+    msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+    text = v.tokenizer.decode(encode_prompt(v, msgs, tools=TOOLS))
+    assert "get_weather" in text and "get_time" in text and "maxLength" in text
+    turn = [*msgs, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ARGS}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12 degrees"}]  # fmt: skip
+    text = v.tokenizer.decode(encode_prompt(v, turn, tools=TOOLS))
+    assert f'"arguments": {ARGS}' in text and "<tool_response>12 degrees</tool_response>" in text
+    stub = StubVerifier()  # no chat template: tools are refused, not dropped
+    with pytest.raises(ValueError, match="chat template has no tool syntax"):
+        encode_prompt(stub, msgs, tools=TOOLS)
+    with pytest.raises(ValueError, match="tools are given to a model with chat messages"):
+        encode_prompt(v, "plain text", tools=TOOLS)
+
+
+@pytest.mark.hf
+def test_the_openai_client_tools_loop(tool_model) -> None:
+    """`required`: a call whose arguments validate, finish "tool_calls", streamed as one delta per call;
+    named: that function; the tool's result back (`role: tool`) and an answer in text; `auto` on a model
+    that writes no call: plain text. A model without tool syntax: a 400 naming 'tools'."""
+    pytest.importorskip("starlette")
+    openai = pytest.importorskip("openai")
+    import httpx
+    from test_server import Served
+
+    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.serve import build_app
+    from specdec.stream import StreamingEngine
+    from specdec.verifiers.hf import HFVerifier
+
+    served = Served(build_app(StreamingEngine(HFVerifier(tool_model), PromptLookupDrafter(block_size=6))))
+    try:
+        client = served.client()
+        msgs = [{"role": "user", "content": "What is the weather in Oslo?"}]
+        r = client.chat.completions.create(model=served_model(served), messages=msgs, tools=TOOLS,
+                                           tool_choice="required", max_tokens=120)  # fmt: skip
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+        calls = [ToolCall(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        for c in calls:
+            _valid(c)
+        kw = {"model": served_model(served), "messages": msgs, "tools": TOOLS, "max_tokens": 120}
+        chunks = list(client.chat.completions.create(**kw, tool_choice="required", stream=True))
+        streamed = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [(t.function.name, t.function.arguments) for t in streamed] == [
+            (c.name, c.arguments) for c in calls
+        ]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        named = {"type": "function", "function": {"name": "get_time"}}
+        r2 = client.chat.completions.create(model=served_model(served), messages=msgs, tools=TOOLS,
+                                            tool_choice=named, max_tokens=120)  # fmt: skip
+        assert {c.function.name for c in r2.choices[0].message.tool_calls} == {"get_time"}
+        back = [*msgs, choice.message.model_dump(exclude_none=True),
+                *[{"role": "tool", "tool_call_id": c.id, "content": "12 degrees, clear"}
+                  for c in choice.message.tool_calls]]  # fmt: skip
+        final = client.chat.completions.create(model=served_model(served), messages=back, tools=TOOLS,
+                                               max_tokens=16)  # fmt: skip
+        assert final.choices[0].message.content and final.choices[0].finish_reason in ("stop", "length")
+        url = served.url + "/v1/chat/completions"
+        for bad, param in [({"tool_choice": "required"}, "tool_choice"),
+                           ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+                            "tool_choice"),
+                           ({"tools": [{"type": "function"}]}, "tools")]:  # fmt: skip
+            res = httpx.post(url, json={"messages": msgs, "max_tokens": 4, **bad})
+            assert res.status_code == 400 and res.json()["error"]["param"] == param, res.text
+    finally:
+        served.stop()
+    stub = Served(build_app(StreamingEngine(StubVerifier())))
+    try:
+        res = httpx.post(stub.url + "/v1/chat/completions", json={"messages": msgs, "tools": TOOLS})
+        assert res.status_code == 400 and res.json()["error"]["param"] == "tools", res.text
+        assert "no tool syntax" in res.json()["error"]["message"]
+        with pytest.raises(openai.BadRequestError):
+            stub.client().chat.completions.create(model=served_model(stub), messages=msgs, tools=TOOLS)
+    finally:
+        stub.stop()
+
+
+def served_model(served) -> str:
+    import httpx
+
+    return httpx.get(served.url + "/v1/models").json()["data"][0]["id"]
