@@ -151,7 +151,9 @@ def prompt_format(tokenizer: Any) -> str:
     return "chat" if has_chat_template(tokenizer) else "fallback"
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+def _render(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, extra: dict[str, Any]
+) -> list[int]:
     if tools and "tools" not in (chat_template(tokenizer) or ""):
         raise ValueError(
             "this model's chat template has no tool syntax, so it cannot be given tools: leave 'tools' out, "
@@ -162,7 +164,7 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | 
     if not has_chat_template(tokenizer):
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return list(tokenizer.encode(text))
-    kw = {"tools": tools} if tools else {}
+    kw = {**extra, "tools": tools} if tools else extra
     try:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kw)
     except Exception as e:
@@ -175,10 +177,13 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | 
     return [int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)]
 
 
-def encode_prompt(verifier: Any, prompt: Prompt, *, tools: list[dict] | None = None) -> list[int]:
+def encode_prompt(
+    verifier: Any, prompt: Prompt, *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+) -> list[int]:
     """Text, chat messages or token ids -> prompt ids for `verifier` (its tokenizer; see the module
     docstring); `tools` (OpenAI's, `specdec.tools.check_tools`) rendered by the chat template with chat
-    messages. ValueError for anything no tokenizer can take, before any work."""
+    messages, with `template_kwargs` (enable_thinking, ...). ValueError for anything no tokenizer can take,
+    before any work."""
     if tools and (isinstance(prompt, str) or not isinstance(prompt, Sequence) or not prompt
                   or not isinstance(prompt[0], Mapping)):  # fmt: skip
         raise ValueError("tools are given to a model with chat messages, not text or token ids")
@@ -190,7 +195,7 @@ def encode_prompt(verifier: Any, prompt: Prompt, *, tools: list[dict] | None = N
             raise ValueError(f"verifier {verifier.model_name!r} has no tokenizer: pass token ids")
         if isinstance(prompt, str):
             return list(tok.encode(check_text(prompt, "the prompt")))
-        return _render(tok, check_messages(prompt), tools)
+        return _render(tok, check_messages(prompt), tools, template_kwargs or {})
     if not isinstance(prompt, Sequence) or len(prompt) == 0:
         raise ValueError("empty prompt: give text, chat messages or token ids")
     ids = []

@@ -254,9 +254,9 @@ class StreamingEngine:
         with self._lock:
             self._vtokens = self._dtokens = None
 
-    def encode(self, prompt: Prompt, *, tools: list[dict] | None = None) -> list[int]:
-        """Text, chat messages ([{"role", "content"}]) or token ids -> prompt ids (`specdec.chat`)."""
-        return encode_prompt(self.verifier, prompt, tools=tools)
+    def encode(self, prompt: Prompt, **kw: Any) -> list[int]:
+        """Text, chat messages or token ids -> prompt ids (`specdec.chat.encode_prompt`, its keywords)."""
+        return encode_prompt(self.verifier, prompt, **kw)
 
     def stream(
         self,

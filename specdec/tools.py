@@ -206,6 +206,7 @@ class Syntax:
     start: str  # opens a call in the output ("" : the whole message is the call)
     parse: Callable[[str], tuple[str, list[ToolCall]] | None]
     form: CallForm | None  # None: no grammar for forced calls
+    special: bool = False  # written in special tokens: parsed from the text that keeps them
 
 
 _ARGS = '{{"name": "{name}", "{key}": '
@@ -214,7 +215,7 @@ SYNTAXES = {s.name: s for s in [
            CallForm("<tool_call>\n" + _ARGS.format(name="{name}", key="arguments"), "}\n</tool_call>", "\n")),
     Syntax("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", _parse_mistral,
            CallForm(_ARGS.format(name="{name}", key="arguments"), "}", ", ", "[TOOL_CALLS][", "]")),
-    Syntax("harmony", "to=functions", "to=functions.", _parse_harmony, None),
+    Syntax("harmony", "to=functions", "to=functions.", _parse_harmony, None, special=True),
     Syntax("llama3_json", "<|python_tag|>", "", _parse_llama3,
            CallForm(_ARGS.format(name="{name}", key="parameters"), "}", "; ")),
 ]}  # fmt: skip

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from specdec.reasoning import ReasoningStream
 from specdec.sampling import SamplingParams
 from specdec.serve.metrics import prometheus
 from specdec.serve.protocol import (
@@ -26,7 +27,7 @@ from specdec.serve.protocol import (
 )
 from specdec.serve.worker import Job, Worker
 from specdec.stream import StreamingEngine
-from specdec.tools import ToolStream
+from specdec.tools import ToolCall, ToolStream
 
 __all__ = ["BYTES_PER_POSITION", "build_app", "request_bytes_for"]
 
@@ -124,6 +125,35 @@ def _too_large(size: int | None, limit: int) -> RequestError:
     )
 
 
+def _delta(chunk: dict, delta: dict) -> dict:
+    chunk["choices"][0]["delta"] = delta
+    return chunk
+
+
+class _Split:
+    """A reply's text as it streams, split into reasoning (a thinking model's) and content, and the content
+    into text and tool calls (held back until they parse)."""
+
+    def __init__(self, worker: Worker, params: Any, chat: bool) -> None:
+        syntax = worker.reasoning if chat else None
+        self.reasoning = ReasoningStream(syntax, opened=params.reasoning_opened) if syntax else None
+        self.tools = ToolStream(worker.tool_syntax) if params.tools is not None else None
+
+    def push(self, delta: str) -> tuple[str, str]:
+        """(reasoning, content) that can go out now."""
+        thought, delta = self.reasoning.push(delta) if self.reasoning else ("", delta)
+        return thought, self.tools.push(delta) if self.tools else delta
+
+    def finish(self, raw: str) -> tuple[str, str, list[ToolCall]]:
+        """(reasoning, content, calls) left at the end; `raw`: the reply with special tokens kept."""
+        thought, rest = self.reasoning.finish() if self.reasoning else ("", "")
+        if self.tools is None:
+            return thought, rest, []
+        more = self.tools.push(rest)
+        tail, calls = self.tools.finish(raw if self.tools.syntax.special else None)
+        return thought, more + tail, calls
+
+
 class _Routes:
     """The app's handlers, over one worker."""
 
@@ -200,16 +230,17 @@ class _Routes:
                     break
             result, stats = payload
             lp = logprobs_body(chat, entries, self.worker.spell) if job.params.logprobs is not None else None
-            body = response_body(chat, self.model, "".join(text), result, stats, lp)
-            if job.params.tools is not None:  # the model's calls, where its reply holds them
-                ts = ToolStream(self.worker.tool_syntax)
-                ts.push("".join(text))
-                content, calls = ts.finish(self._raw(tokens))
-                if calls:
-                    msg = body["choices"][0]["message"]
-                    msg["content"] = content or None
-                    msg["tool_calls"] = [c.to_openai() for c in calls]
-                    body["choices"][0]["finish_reason"] = "tool_calls"
+            split = _Split(self.worker, job.params, chat)
+            reasoning, content = split.push("".join(text))
+            more_r, more_c, calls = split.finish(self._raw(tokens))
+            body = response_body(chat, self.model, content + more_c, result, stats, lp)
+            if chat and split.reasoning is not None:
+                body["choices"][0]["message"]["reasoning_content"] = (reasoning + more_r) or None
+            if calls:  # the model's calls
+                msg = body["choices"][0]["message"]
+                msg["content"] = msg["content"] or None
+                msg["tool_calls"] = [c.to_openai() for c in calls]
+                body["choices"][0]["finish_reason"] = "tool_calls"
             return JSONResponse(body)
         finally:
             watcher.cancel()
@@ -226,7 +257,7 @@ class _Routes:
             return chunk(job_id, chat, created, self.model, delta, finish, lp)
 
         offset = 0  # completions' text_offset: the text streamed before
-        ts = ToolStream(self.worker.tool_syntax) if job.params.tools is not None else None
+        split = _Split(self.worker, job.params, chat)
         tokens: list[int] = []
 
         try:
@@ -238,10 +269,10 @@ class _Routes:
                 kind, payload = await job.events.get()
                 if kind == "event":
                     entries = self._logprobs_of(job, payload)
-                    delta = payload.delta
-                    if ts is not None:  # a call's text is held back until it parses
-                        tokens += payload.tokens
-                        delta = ts.push(delta)
+                    tokens += payload.tokens
+                    thought, delta = split.push(payload.delta)  # a call's text held back until it parses
+                    if thought:
+                        yield data(_delta(piece(None, None), {"reasoning_content": thought}))
                     if entries:  # a step's tokens, with their text as soon as it is final
                         yield data(
                             piece(delta, None, logprobs_body(chat, entries, self.worker.spell, offset))
@@ -255,15 +286,14 @@ class _Routes:
                 elif kind == "done":
                     result, stats = payload
                     finish = finish_reason(result)
-                    if ts is not None:
-                        rest, calls = ts.finish(self._raw(tokens))
-                        if rest:
-                            yield data(piece(rest, None))
-                        for i, call in enumerate(calls):  # each call whole, in one delta
-                            c = piece(None, None)
-                            c["choices"][0]["delta"] = {"tool_calls": [call.to_openai(index=i)]}
-                            yield data(c)
-                        finish = "tool_calls" if calls else finish
+                    thought, rest, calls = split.finish(self._raw(tokens))
+                    if thought:
+                        yield data(_delta(piece(None, None), {"reasoning_content": thought}))
+                    if rest:
+                        yield data(piece(rest, None))
+                    for i, call in enumerate(calls):  # each call whole, in one delta
+                        yield data(_delta(piece(None, None), {"tool_calls": [call.to_openai(index=i)]}))
+                    finish = "tool_calls" if calls else finish
                     yield data(piece(None, finish) | {"specdec": stats})
                     if job.params.include_usage:
                         yield data(piece(None, None) | {"choices": [], "usage": usage(result)})

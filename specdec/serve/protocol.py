@@ -123,6 +123,8 @@ class Params:
     tools: list[dict] | None = None  # OpenAI's, given to the model (None: none, or tool_choice "none")
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # to the chat template (enable_thinking)
+    reasoning_opened: bool = False  # the prompt already opened a thinking model's reasoning
 
 
 def _number(
@@ -220,7 +222,31 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
     p = Params(
         prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body), asked, _logprobs(body, chat)
     )
-    return _tools(body, p) if chat else p
+    return replace(_tools(body, p), template_kwargs=_template_kwargs(body)) if chat else p
+
+
+#: what a request may not set through `chat_template_kwargs` (the server sets them)
+_RESERVED = {"messages", "tools", "add_generation_prompt", "tokenize", "chat_template", "conversation"}
+
+
+def _template_kwargs(body: dict) -> dict[str, Any]:
+    """vLLM's `chat_template_kwargs` ({"enable_thinking": false}, ...) and OpenAI's `reasoning_effort`
+    (gpt-oss templates read it), for the chat template."""
+    kw = body.get("chat_template_kwargs") or {}
+    if not isinstance(kw, dict) or not all(isinstance(k, str) for k in kw):
+        raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    if _RESERVED & kw.keys():
+        bad = sorted(_RESERVED & kw.keys())[0]
+        raise RequestError(f"'chat_template_kwargs' may not set {bad!r}", param="chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in ("minimal", "low", "medium", "high"):
+            raise RequestError(
+                f"'reasoning_effort' must be minimal, low, medium or high, got {json.dumps(effort)[:30]}",
+                param="reasoning_effort",
+            )
+        kw = {**kw, "reasoning_effort": effort}
+    return dict(kw)
 
 
 def _tools(body: dict, p: Params) -> Params:

@@ -14,6 +14,7 @@ from typing import Any
 
 from specdec.chat import chat_template
 from specdec.processors import LogitsParams
+from specdec.reasoning import detect_reasoning
 from specdec.serve.metrics import Metrics, request_stats
 from specdec.serve.protocol import Params, RequestError, error_body
 from specdec.stream import StreamingEngine
@@ -87,6 +88,7 @@ class Worker:
         self.stop_ids = self.engine.verifier.eos_token_ids
         tok = self.engine.verifier.tokenizer
         self.tool_syntax = SYNTAXES[tool_parser] if tool_parser else detect_syntax(chat_template(tok))
+        self.reasoning = detect_reasoning(chat_template(tok))
         # the text of tokens with the special ones kept (a call syntax may be made of them)
         self.raw_text: Callable[[Sequence[int]], str] = lambda ids: tok.decode(list(ids))
         if hasattr(tok, "convert_ids_to_tokens") or hasattr(getattr(tok, "_tokenizer", None), "decode"):
@@ -186,12 +188,15 @@ class Worker:
         p = job.params
         try:
             try:
-                ids = eng.encode(p.prompt, tools=p.tools)
+                ids = eng.encode(p.prompt, tools=p.tools, template_kwargs=p.template_kwargs)
             except ValueError as e:  # the messages, or tools the template cannot render
                 field = "tools" if p.tools and "tool" in str(e) else "messages" if p.chat else "prompt"
                 raise RequestError(str(e), param=field) from None
             if p.tools is not None:
                 p = job.params = self._with_tool_grammar(p)
+            if self.reasoning is not None and p.chat:  # does the prompt leave the reply inside the reasoning?
+                tail = self.raw_text(ids[-8:]).rstrip()
+                p = job.params = replace(p, reasoning_opened=tail.endswith(self.reasoning.start))
             limit = eng.max_context
             if len(ids) >= limit:
                 raise RequestError(
