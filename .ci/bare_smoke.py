@@ -36,6 +36,7 @@ def main() -> None:
     refused(["generate", "--verifier", "mlx", "--model", "smollm2-135m", "--prompt", "hi"], "mlx")
     refused(["generate", "--verifier", "stub", "--drafter", "bundled:smollm2-135m", "--prompt", "hi"], "hf")
     refused(["eval", "--verifier", "stub", "--drafter", "prompt-lookup", "--out", "ev"], "eval")
+    refused(["generate", "--verifier", "stub", "--prompt", "hi", "--json-object"], "grammar")
     print("the bare wheel: the stub decodes, every missing extra is one line")
 
 

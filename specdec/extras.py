@@ -17,6 +17,7 @@ EXTRAS: dict[str, str] = {
     "mlx": "mlx", "mlx_lm": "mlx",
     "matplotlib": "eval",
     "starlette": "serve", "uvicorn": "serve",
+    "llguidance": "grammar",
     "jsonschema": "dev",
 }  # fmt: skip
 

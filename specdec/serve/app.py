@@ -14,6 +14,8 @@ from typing import Any
 
 from specdec.reasoning import ReasoningStream
 from specdec.sampling import SamplingParams
+from specdec.serve.anthropic import MessageStream, message_body, stop_reason, to_openai
+from specdec.serve.anthropic import error_body as anthropic_error_body
 from specdec.serve.metrics import prometheus
 from specdec.serve.protocol import (
     RequestError,
@@ -75,6 +77,7 @@ def build_app(
         routes=[
             Route("/v1/chat/completions", r.chat_completions, methods=["POST"]),
             Route("/v1/completions", r.text_completions, methods=["POST"]),
+            Route("/v1/messages", r.messages, methods=["POST"]),
             Route("/v1/models", r.models, methods=["GET"]),
             Route("/health", r.health, methods=["GET"]),
             Route("/metrics", r.metrics, methods=["GET"]),
@@ -91,6 +94,13 @@ def _error(message: str, status: int, param: str | None = None, code: str | None
 
     headers = {"Retry-After": "1"} if status == 503 else None
     return JSONResponse(error_body(message, status, param, code), status_code=status, headers=headers)
+
+
+def _anthropic_error(message: str, status: int, param: str | None = None, code: str | None = None) -> Any:
+    from starlette.responses import JSONResponse
+
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONResponse(anthropic_error_body(message, status), status_code=status, headers=headers)
 
 
 async def _watch_disconnect(request: Any, cancel: threading.Event) -> None:
@@ -166,12 +176,16 @@ class _Routes:
     async def text_completions(self, request: Any) -> Any:
         return await self._completions(request, chat=False)
 
-    async def _job(self, request: Any, chat: bool) -> Job | Any:
-        """The request's job, queued; or the error response that refuses it."""
+    async def _job(self, request: Any, chat: bool, *, messages: bool = False) -> Job | Any:
+        """The request's job, queued; or the error response that refuses it. `messages`: an Anthropic
+        Messages request (translated; errors in its shape)."""
         metrics = self.worker.metrics
         metrics.add("requests_total")
+        _error = _anthropic_error if messages else globals()["_error"]
         try:
             body = json.loads(await _body(request, self.limit))
+            if messages:
+                body = to_openai(body)
         except RequestError as e:
             metrics.add("requests_invalid")
             return _error(str(e), e.status)
@@ -317,6 +331,77 @@ class _Routes:
         if ev.step.finish_reason == "stop" and entries[-1].token in self.worker.stop_ids:
             entries = entries[:-1]
         return entries
+
+    async def messages(self, request: Any) -> Any:
+        """Anthropic's Messages API over the same engine."""
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        job = await self._job(request, True, messages=True)
+        if not isinstance(job, Job):
+            return job
+        watcher = asyncio.create_task(_watch_disconnect(request, job.cancel))
+        try:
+            kind, payload = await job.events.get()
+            if kind == "error":
+                err = payload["error"]
+                return _anthropic_error(err["message"], payload["status"])
+            if kind == "cancelled":
+                return _anthropic_error("cancelled: the client disconnected", 499)
+            split, tokens, stream = _Split(self.worker, job.params, True), [], None
+            thought, text = [], []
+            if job.params.stream:
+                watcher.cancel()
+                stream = MessageStream(self.model, payload)
+                events = self._message_events(job, split, stream)
+                headers = {"Cache-Control": "no-cache"}
+                return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "event":
+                    tokens += payload.tokens
+                    r, c = split.push(payload.delta)
+                    thought.append(r)
+                    text.append(c)
+                elif kind == "error":
+                    return _anthropic_error(payload["error"]["message"], payload["status"])
+                elif kind == "done":
+                    break
+            result, _ = payload
+            r, c, calls = split.finish(self._raw(tokens))
+            reason = stop_reason(finish_reason(result), calls, result.stop_string)
+            thinking, content = "".join(thought) + r, "".join(text) + c
+            body = message_body(self.model, thinking, content, calls, reason, usage(result))
+            return JSONResponse(body)
+        finally:
+            watcher.cancel()
+            if not job.params.stream:
+                job.cancel.set()
+
+    async def _message_events(self, job: Job, split: _Split, ms: MessageStream) -> AsyncIterator[str]:
+        tokens: list[int] = []
+        try:
+            yield ms.start()
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "event":
+                    tokens += payload.tokens
+                    r, c = split.push(payload.delta)
+                    yield (ms.thinking(r) if r else "") + (ms.text(c) if c else "")
+                elif kind == "error":
+                    yield ms.event(
+                        "error", anthropic_error_body(payload["error"]["message"], payload["status"])
+                    )
+                    break
+                elif kind == "done":
+                    result, _ = payload
+                    r, c, calls = split.finish(self._raw(tokens))
+                    yield (ms.thinking(r) if r else "") + (ms.text(c) if c else "")
+                    yield "".join(ms.tool_use(call) for call in calls)
+                    reason = stop_reason(finish_reason(result), calls, result.stop_string)
+                    yield ms.end(reason, len(result.output_tokens))
+                    break
+        finally:
+            job.cancel.set()
 
     async def models(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
