@@ -212,19 +212,35 @@ class _Routes:
             return _error(msg, 503)
         return job
 
-    async def _completions(self, request: Any, chat: bool) -> Any:
-        from starlette.responses import JSONResponse, StreamingResponse
-
-        job = await self._job(request, chat)
+    async def _start(self, request: Any, chat: bool, *, messages: bool = False) -> Any:
+        """(the request's job, its disconnect watcher, the prompt's length) once the run started; or the
+        response that refuses or ends it."""
+        job = await self._job(request, chat, messages=messages)
         if not isinstance(job, Job):
             return job
+        error = _anthropic_error if messages else _error
         watcher = asyncio.create_task(_watch_disconnect(request, job.cancel))
         try:
             kind, payload = await job.events.get()
-            if kind == "error":
-                return JSONResponse({"error": payload["error"]}, status_code=payload["status"])
+        except BaseException:
+            watcher.cancel()
+            job.cancel.set()
+            raise
+        if kind in ("error", "cancelled"):
+            watcher.cancel()
             if kind == "cancelled":
-                return _error("cancelled: the client disconnected", 499)
+                return error("cancelled: the client disconnected", 499)
+            return error(payload["error"]["message"], payload["status"], payload["error"]["param"])
+        return job, watcher, payload
+
+    async def _completions(self, request: Any, chat: bool) -> Any:
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        started = await self._start(request, chat)
+        if not isinstance(started, tuple):
+            return started
+        job, watcher, payload = started
+        try:
             if job.params.stream:
                 watcher.cancel()  # StreamingResponse listens for the disconnect itself from here on
                 headers = {"Cache-Control": "no-cache"}
@@ -336,17 +352,11 @@ class _Routes:
         """Anthropic's Messages API over the same engine."""
         from starlette.responses import JSONResponse, StreamingResponse
 
-        job = await self._job(request, True, messages=True)
-        if not isinstance(job, Job):
-            return job
-        watcher = asyncio.create_task(_watch_disconnect(request, job.cancel))
+        started = await self._start(request, True, messages=True)
+        if not isinstance(started, tuple):
+            return started
+        job, watcher, payload = started
         try:
-            kind, payload = await job.events.get()
-            if kind == "error":
-                err = payload["error"]
-                return _anthropic_error(err["message"], payload["status"])
-            if kind == "cancelled":
-                return _anthropic_error("cancelled: the client disconnected", 499)
             split, tokens, stream = _Split(self.worker, job.params, True), [], None
             thought, text = [], []
             if job.params.stream:
