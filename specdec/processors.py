@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from specdec.grammar import Constraint, GrammarSpec, check_grammar
+from specdec.reasoning import ThinkingBudget
 
 __all__ = ["LogitsParams", "Processor"]
 
@@ -68,6 +69,7 @@ class LogitsParams:
     frequency_penalty: float = 0.0
     penalty_context: int | None = None  # None: OpenAI's windows; N: the last N tokens (mlx_lm)
     grammar: GrammarSpec | None = None  # structured output (`specdec.grammar`)
+    thinking: ThinkingBudget | None = None  # reasoning cut at a budget (`specdec.reasoning`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
@@ -83,7 +85,7 @@ class LogitsParams:
     @property
     def active(self) -> bool:
         """Whether anything changes a logit."""
-        return bool(self.logit_bias) or self.penalized or self.grammar is not None
+        return bool(self.logit_bias) or self.penalized or (self.grammar or self.thinking) is not None
 
     @property
     def penalized(self) -> bool:
@@ -138,6 +140,14 @@ class Processor:
             self._penalize(x, paths)
         if self.constraint is not None:
             x = torch.where(self.constraint.mask(paths).to(x.device), x, float("-inf"))
+        budget = self.params.thinking
+        if budget is not None:  # a row past the budget takes the end tag's next token, nothing else
+            for r, path in enumerate(paths):
+                t = budget.forced([*self.output, *path])
+                if t is not None:
+                    keep = x[r, t].clone()
+                    x[r] = float("-inf")
+                    x[r, t] = keep if torch.isfinite(keep) else 0.0
         return x
 
     def _penalize(self, x: torch.Tensor, paths: Sequence[Sequence[int]]) -> None:

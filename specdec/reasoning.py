@@ -8,9 +8,10 @@ is not changed: speculation stays exact, and the split is of the text alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["REASONING_SYNTAXES", "ReasoningStream", "ReasoningSyntax", "detect_reasoning"]
+__all__ = ["REASONING_SYNTAXES", "ReasoningStream", "ReasoningSyntax", "ThinkingBudget", "detect_reasoning"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,40 @@ class ReasoningSyntax:
 
 
 REASONING_SYNTAXES = {"think": ReasoningSyntax("think", "<think>", "</think>")}
+
+
+@dataclass(frozen=True)
+class ThinkingBudget:
+    """At most `tokens` tokens of reasoning: past them the end tag is forced, token by token. A logits
+    processor (`LogitsParams.thinking`), so each verify row decides with its own history and speculation stays
+    exact. `end` / `start`: the tags' token ids; `opened`: the prompt opened the reasoning (else a reply that
+    begins with `start` is reasoning, and any other is not)."""
+
+    tokens: int
+    end: tuple[int, ...]
+    start: tuple[int, ...] = ()
+    opened: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 0:
+            raise ValueError(f"a thinking budget is a number of tokens >= 0, got {self.tokens!r:.20}")
+        if not self.end:
+            raise ValueError("a thinking budget needs the end tag's tokens")
+
+    def forced(self, output: Sequence[int]) -> int | None:
+        """The token the budget forces after `output` (the reply so far), or None."""
+        n = len(self.start)
+        if self.opened:
+            body = list(output)
+        elif n and list(output[:n]) == list(self.start):
+            body = list(output[n:])
+        else:
+            return None
+        e = list(self.end)
+        if len(body) < self.tokens or any(body[i : i + len(e)] == e for i in range(len(body) - len(e) + 1)):
+            return None
+        k = next(k for k in range(len(e) - 1, -1, -1) if k == 0 or body[-k:] == e[:k])  # of the tag, written
+        return self.end[k]
 
 
 def detect_reasoning(template: str | None) -> ReasoningSyntax | None:

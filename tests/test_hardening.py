@@ -95,7 +95,7 @@ def test_an_internal_error_is_that_requests_500(monkeypatch):
         worker = s.app.state.worker
         real = engine.encode
 
-        def broken(prompt):
+        def broken(prompt, **kw):
             raise KeyError("a bug of ours")
 
         monkeypatch.setattr(engine, "encode", broken)

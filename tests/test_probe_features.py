@@ -56,7 +56,7 @@ def test_a_huge_body_is_refused_as_it_arrives_not_tokenized_and_not_kept():
     engine = StreamingEngine(StubVerifier())
     encoded: list[int] = []
     real = engine.encode
-    engine.encode = lambda prompt: (encoded.append(1), real(prompt))[1]  # type: ignore[method-assign]
+    engine.encode = lambda prompt, **kw: (encoded.append(1), real(prompt, **kw))[1]  # type: ignore[method-assign]
     text = "ab " * ((10 << 20) // 3)
     body = json.dumps({"messages": [{"role": "user", "content": text}], "max_tokens": 4}).encode()
     for s in _serve(engine, model_name="stub"):

@@ -88,3 +88,83 @@ def test_the_server_keeps_reasoning_apart(tmp_path) -> None:
             assert r.status_code == 400 and r.json()["error"]["param"] in bad, r.text
     finally:
         served.stop()
+
+
+# ---- a thinking budget ----------------------------------------------------------------------------------
+
+
+def test_the_budget_forces_the_end_tag_token_by_token() -> None:
+    from specdec.reasoning import ThinkingBudget
+
+    end, start = (7, 8, 9), (5,)
+    b = ThinkingBudget(3, end, start, opened=True)
+    assert b.forced([1, 2]) is None  # within the budget
+    assert [b.forced(h) for h in ([1, 2, 3], [1, 2, 3, 7], [1, 2, 3, 7, 8])] == [7, 8, 9]
+    assert b.forced([1, 2, 3, 7, 8, 9]) is None and b.forced([7, 8, 9, 1, 2, 3, 4]) is None  # ended
+    closed = ThinkingBudget(2, end, start)
+    assert closed.forced([1, 2, 3]) is None  # no reasoning opened: nothing to cut
+    assert closed.forced([5, 1, 2]) == 7 and closed.forced([5, 1]) is None  # after the start tag
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="thinking budget"):
+            ThinkingBudget(bad, end)
+
+
+def test_a_budget_is_exact_under_speculation() -> None:
+    """The stub, its reply inside the reasoning: the end tag comes right after the budget, and speculation
+    (drafters that accept all, none, a part) commits the same tokens; without the budget the text differs."""
+    from drafters import ScriptedDrafter
+
+    from specdec.engine import DecodeConfig, generate
+    from specdec.processors import LogitsParams
+    from specdec.reasoning import ThinkingBudget
+    from specdec.verifiers.stub import StubVerifier
+
+    v = StubVerifier()
+    prompt = v.tokenizer.encode("Question? <think>")
+    end = tuple(b"</think>")
+    params = LogitsParams(thinking=ThinkingBudget(6, end, tuple(b"<think>"), opened=True))
+
+    def run(d, p):
+        cfg = DecodeConfig(max_new_tokens=30, block_size=6 if d else 1, stop_token_ids=frozenset(), logits=p)
+        return generate(v, prompt, drafter=d, cfg=cfg).output_tokens
+
+    ar = run(None, params)
+    assert tuple(ar[6:14]) == end and ar != run(None, None)
+    ref = prompt + ar
+    for kw in [{}, {"wrong_at": range(200)}, {"wrong_at": (len(prompt) + 2, len(prompt) + 9)}]:
+        assert run(ScriptedDrafter(ref, vocab=v.vocab_size, block_size=6, **kw), params) == ar, kw
+
+
+@pytest.mark.hf
+def test_the_servers_thinking_budget(tmp_path) -> None:
+    """`thinking_budget` 4 on a template that opens the reasoning: at most 4 tokens of it; without the
+    budget the same request reasons longer; a model without reasoning refuses the field."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("transformers")
+    import httpx
+    from test_server import Served
+    from tinymodels import tiny_llama, tiny_tokenizer
+
+    from specdec.serve import build_app
+    from specdec.stream import StreamingEngine
+    from specdec.verifiers.hf import HFVerifier
+    from specdec.verifiers.stub import StubVerifier
+
+    model = tiny_tokenizer(tiny_llama(tmp_path / "llama"), chat_template=TEMPLATE, bos=1, eos=2)
+    served = Served(build_app(StreamingEngine(HFVerifier(model))))
+    body = {"messages": [{"role": "user", "content": "2 + 2?"}], "max_tokens": 40,
+            "structured_outputs": {"regex": "[a-z]*</think>\n[0-9]{3}"}}  # fmt: skip
+    try:
+        url = served.url + "/v1/chat/completions"
+        free = httpx.post(url, json=body).json()["choices"][0]["message"]
+        cut = httpx.post(url, json={**body, "thinking_budget": 4}).json()["choices"][0]["message"]
+        assert len(free["reasoning_content"] or "") > 4, free  # else the test proves nothing
+        assert len(cut["reasoning_content"]) <= 4 and len(cut["content"]) == 3, cut
+    finally:
+        served.stop()
+    plain = Served(build_app(StreamingEngine(StubVerifier())))
+    try:
+        r = httpx.post(plain.url + "/v1/chat/completions", json={**body, "thinking_budget": 4})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_budget", r.text
+    finally:
+        plain.stop()

@@ -189,7 +189,7 @@ def test_distribution_is_exact(verifier, rule, proposal, setting):
 def test_broken_rule_fails_the_same_test(verifier, monkeypatch):
     """Resampling from p instead of the residual on rejection over-weights the draft: caught."""
 
-    def broken_verify(self, logits, draft, q, pos):
+    def broken_verify(self, logits, draft, q, pos, *, cut=None):
         p = warp(logits, self.sp)
         out, self.resampled = [], 0
         for i, x in enumerate(draft):

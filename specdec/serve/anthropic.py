@@ -118,6 +118,17 @@ def to_openai(body: Any) -> dict:
             }
             for t in tools
         ]
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind == "enabled":
+            out["thinking_budget"] = thinking.get("budget_tokens")
+        elif kind == "disabled":
+            out["chat_template_kwargs"] = {"enable_thinking": False}
+        else:
+            raise RequestError(
+                "'thinking' must be {type: enabled, budget_tokens} or {type: disabled}", param="thinking"
+            )
     choice = body.get("tool_choice")
     if choice is not None:
         kind = choice.get("type") if isinstance(choice, dict) else None

@@ -125,6 +125,7 @@ class Params:
     parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # to the chat template (enable_thinking)
     reasoning_opened: bool = False  # the prompt already opened a thinking model's reasoning
+    thinking_budget: int | None = None  # reasoning tokens at most (the worker makes it a processor)
 
 
 def _number(
@@ -222,7 +223,10 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
     p = Params(
         prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body), asked, _logprobs(body, chat)
     )
-    return replace(_tools(body, p), template_kwargs=_template_kwargs(body)) if chat else p
+    if not chat:
+        return p
+    budget = _number(body, "thinking_budget", None, lo=0, hi=2**31, integer=True)
+    return replace(_tools(body, p), template_kwargs=_template_kwargs(body), thinking_budget=budget)
 
 
 #: what a request may not set through `chat_template_kwargs` (the server sets them)

@@ -14,7 +14,7 @@ from typing import Any
 
 from specdec.chat import chat_template
 from specdec.processors import LogitsParams
-from specdec.reasoning import detect_reasoning
+from specdec.reasoning import ThinkingBudget, detect_reasoning
 from specdec.serve.metrics import Metrics, request_stats
 from specdec.serve.protocol import Params, RequestError, error_body
 from specdec.stream import StreamingEngine
@@ -35,6 +35,15 @@ class Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
         except RuntimeError:  # the event loop is gone (server shutting down)
             self.cancel.set()
+
+
+def _plain_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """`text`'s token ids as a model writes it in a reply (no BOS)."""
+    try:
+        return tuple(tokenizer.encode(text, add_special_tokens=False))
+    except TypeError:  # the stub's bytes: BOS first
+        ids = list(tokenizer.encode(text))
+        return tuple(ids[1:] if ids and ids[0] == getattr(tokenizer, "bos_token_id", None) else ids)
 
 
 class TokenSpeller:
@@ -184,6 +193,19 @@ class Worker:
             raise RequestError(str(e), param="tool_choice") from None
         return replace(p, logits=replace(p.logits or LogitsParams(), grammar=grammar), grammar_field="tools")
 
+    def _with_budget(self, p: Params, eng: StreamingEngine) -> Params:
+        """The request with its thinking budget a processor (refused for a model that shows no reasoning)."""
+        if self.reasoning is None:
+            raise RequestError(
+                "this model's chat template shows no reasoning (<think>): 'thinking_budget' would do nothing",
+                param="thinking_budget",
+            )
+        start, end = (
+            _plain_ids(eng.verifier.tokenizer, t) for t in (self.reasoning.start, self.reasoning.end)
+        )
+        budget = ThinkingBudget(p.thinking_budget or 0, end, start, p.reasoning_opened)
+        return replace(p, logits=replace(p.logits or LogitsParams(), thinking=budget))
+
     def _serve(self, job: Job, eng: StreamingEngine) -> None:
         p = job.params
         try:
@@ -197,6 +219,8 @@ class Worker:
             if self.reasoning is not None and p.chat:  # does the prompt leave the reply inside the reasoning?
                 tail = self.raw_text(ids[-8:]).rstrip()
                 p = job.params = replace(p, reasoning_opened=tail.endswith(self.reasoning.start))
+            if p.thinking_budget is not None:
+                p = job.params = self._with_budget(p, eng)
             limit = eng.max_context
             if len(ids) >= limit:
                 raise RequestError(
