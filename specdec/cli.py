@@ -69,8 +69,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     m = load(run_spec(args))
     cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling, logits=logits)
     result = run(m.verifier, [prompt], drafter=m.drafter, cfg=cfg, out=out, progress=False)
-    text = result["prompts"][0]["text"]
-    print(text if text is not None else result["prompts"][0]["output_tokens"])
+    from specdec.stream import text_decoder
+
+    tokens, tok = result["prompts"][0]["output_tokens"], m.verifier.tokenizer
+    # the reply as a reader sees it: special tokens (the stop token that ended it) left out
+    print(text_decoder(tok)(tokens) if tok is not None else tokens)
     print(summary_line(result["summary"]), file=sys.stderr)
     if out:
         print(f"result: {out}", file=sys.stderr)

@@ -591,3 +591,18 @@ def test_the_command_line_flags(tmp_path, monkeypatch: pytest.MonkeyPatch, capsy
 def _valid_text(text: str, schema: dict) -> bool:
     pytest.importorskip("jsonschema").validate(json.loads(text), schema)
     return True
+
+
+@pytest.mark.hf
+def test_generate_prints_the_reply_without_its_stop_token(tmp_path, capsys) -> None:
+    """`specdec generate` on a model whose stop token has a name (the tiny tokenizer's): the regex's answer
+    alone, as a reader sees it (it printed "abc<bos>", SmolLM2's "...<|im_end|>")."""
+    from tinymodels import tiny_llama, tiny_tokenizer
+
+    from specdec.cli import main
+
+    model = tiny_tokenizer(tiny_llama(tmp_path / "llama"), bos=1, eos=2)
+    args = ["generate", "--verifier", "hf", "--model", str(model), "--prompt", "x", "--regex", "[a-c]{3}"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.strip()
+    assert re.fullmatch("[a-c]{3}", out), out
