@@ -25,6 +25,7 @@ __all__ = [
     "check_text",
     "encode_prompt",
     "has_media",
+    "held_back",
     "prompt_format",
     "set_chat_template",
 ]
@@ -46,6 +47,12 @@ def check_text(text: str, where: str) -> str:
             "surrogate (an unpaired \\ud800-\\udfff escape)"
         ) from None
     return text
+
+
+def held_back(text: str, tags: Sequence[str]) -> int:
+    """How many of `text`'s last characters could begin one of `tags` (a stop string, a call's or the
+    reasoning's opening): streamed text holds them back until the next piece says."""
+    return max((k for t in tags for k in range(1, len(t)) if text.endswith(t[:k])), default=0)
 
 
 def has_media(content: Any) -> bool:
@@ -184,12 +191,11 @@ def encode_prompt(
     docstring); `tools` (OpenAI's, `specdec.tools.check_tools`) rendered by the chat template with chat
     messages, with `template_kwargs` (enable_thinking, ...). ValueError for anything no tokenizer can take,
     before any work."""
-    if tools and (isinstance(prompt, str) or not isinstance(prompt, Sequence) or not prompt
-                  or not isinstance(prompt[0], Mapping)):  # fmt: skip
+    chat = not isinstance(prompt, str) and isinstance(prompt, Sequence) and len(prompt) > 0
+    chat = chat and isinstance(prompt[0], Mapping)
+    if tools and not chat:
         raise ValueError("tools are given to a model with chat messages, not text or token ids")
-    if isinstance(prompt, str) or (
-        isinstance(prompt, Sequence) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
-    ):
+    if isinstance(prompt, str) or chat:
         tok = verifier.tokenizer
         if tok is None:
             raise ValueError(f"verifier {verifier.model_name!r} has no tokenizer: pass token ids")

@@ -250,9 +250,13 @@ class Logprobs:
 
 
 def _verify_tree(
-    verifier: Verifier, tree: Tree, sampler: Sampler | None, proc: Processor | None, lp: Logprobs | None,
+    verifier: Verifier,
+    tree: Tree,
+    sampler: Sampler | None,
+    proc: Processor | None,
+    lp: Logprobs | None,
     pos: int,
-) -> tuple[list[int], list[int], list[int]]:  # fmt: skip
+) -> tuple[list[int], list[int], list[int]]:
     """Verify `tree` and keep its accepted path in the cache: (the path's drafts, the verifier's token after
     each of its nodes, the path's node indices): a chain step that accepted every draft it holds."""
     depths = tree.depths

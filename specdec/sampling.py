@@ -134,9 +134,14 @@ class Sampler:
         return sample_from(p, u).tolist()
 
     def verify(
-        self, logits: torch.Tensor, draft: list[int], q: torch.Tensor | None, pos: int,
-        *, cut: torch.Tensor | None = None,
-    ) -> list[int]:  # fmt: skip
+        self,
+        logits: torch.Tensor,
+        draft: list[int],
+        q: torch.Tensor | None,
+        pos: int,
+        *,
+        cut: torch.Tensor | None = None,
+    ) -> list[int]:
         """logits [k+1, V] for positions pos..pos+k -> targets whose prefix agreement with `draft` is
         the accepted count, followed by the verifier's token (resampled or bonus). `cut` [V]: the q of a
         sampled draft after the last one, left out unverified because p gives it no mass (a grammar forbids

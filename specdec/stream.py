@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdec.chat import encode_prompt
+from specdec.chat import encode_prompt, held_back
 from specdec.engine import (
     DecodeConfig,
     check_request,
@@ -127,8 +127,7 @@ class Detokenizer:
             self.n_keep = self._n_until(idx + len(s), start)
             return self._emit(full[:idx])
         stable = full.rstrip("\ufffd")
-        hold = max((k for s in self.stop for k in range(1, len(s)) if stable.endswith(s[:k])), default=0)
-        return self._emit(stable[: len(stable) - hold])
+        return self._emit(stable[: len(stable) - held_back(stable, self.stop)])
 
     def flush(self) -> str:
         """The held-back text at the end of the output (nothing after a stop string)."""

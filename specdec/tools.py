@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.chat import held_back
 from specdec.grammar import JSON_OPTIONS, GrammarSpec
 
 __all__ = ["SYNTAXES", "ToolCall", "ToolChoice", "ToolStream", "check_tools", "detect_syntax", "tool_grammar"]
@@ -35,8 +36,11 @@ class ToolCall:
     id: str = ""
 
     def to_openai(self, index: int | None = None) -> dict:
-        call = {"id": self.id or "call_" + uuid.uuid4().hex[:24], "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
+        call = {
+            "id": self.id or "call_" + uuid.uuid4().hex[:24],
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
         return call if index is None else {"index": index, **call}
 
 
@@ -210,15 +214,33 @@ class Syntax:
 
 
 _ARGS = '{{"name": "{name}", "{key}": '
-SYNTAXES = {s.name: s for s in [
-    Syntax("hermes", "<tool_call>", "<tool_call>", _parse_hermes,
-           CallForm("<tool_call>\n" + _ARGS.format(name="{name}", key="arguments"), "}\n</tool_call>", "\n")),
-    Syntax("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", _parse_mistral,
-           CallForm(_ARGS.format(name="{name}", key="arguments"), "}", ", ", "[TOOL_CALLS][", "]")),
-    Syntax("harmony", "to=functions", "to=functions.", _parse_harmony, None, special=True),
-    Syntax("llama3_json", "<|python_tag|>", "", _parse_llama3,
-           CallForm(_ARGS.format(name="{name}", key="parameters"), "}", "; ")),
-]}  # fmt: skip
+SYNTAXES = {
+    s.name: s
+    for s in [
+        Syntax(
+            "hermes",
+            "<tool_call>",
+            "<tool_call>",
+            _parse_hermes,
+            CallForm("<tool_call>\n" + _ARGS.format(name="{name}", key="arguments"), "}\n</tool_call>", "\n"),
+        ),
+        Syntax(
+            "mistral",
+            "[TOOL_CALLS]",
+            "[TOOL_CALLS]",
+            _parse_mistral,
+            CallForm(_ARGS.format(name="{name}", key="arguments"), "}", ", ", "[TOOL_CALLS][", "]"),
+        ),
+        Syntax("harmony", "to=functions", "to=functions.", _parse_harmony, None, special=True),
+        Syntax(
+            "llama3_json",
+            "<|python_tag|>",
+            "",
+            _parse_llama3,
+            CallForm(_ARGS.format(name="{name}", key="parameters"), "}", "; "),
+        ),
+    ]
+}
 
 
 def detect_syntax(template: str | None) -> Syntax | None:
@@ -256,7 +278,7 @@ class ToolStream:
             cut = len(self.text)
         else:
             at = self.text.find(start)
-            cut = at if at >= 0 else len(self.text) - _held_prefix(self.text, start)
+            cut = at if at >= 0 else len(self.text) - held_back(self.text, [start])
         out, self.sent = self.text[self.sent : max(cut, self.sent)], max(cut, self.sent)
         return out
 
@@ -269,11 +291,3 @@ class ToolStream:
         head, calls = parsed
         head = self.text[: self.text.find(self.syntax.start)] if self.syntax.start in self.text else head
         return (head[self.sent :].rstrip() if len(head) > self.sent else ""), calls
-
-
-def _held_prefix(text: str, start: str) -> int:
-    """How many of `text`'s last characters could begin `start`."""
-    for n in range(min(len(start) - 1, len(text)), 0, -1):
-        if start.startswith(text[-n:]):
-            return n
-    return 0

@@ -63,8 +63,13 @@ def build_app(
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    worker = Worker(engine, max_queue=max_queue, default_max_tokens=default_max_tokens, on_death=on_death,
-                    tool_parser=tool_parser)  # fmt: skip
+    worker = Worker(
+        engine,
+        max_queue=max_queue,
+        default_max_tokens=default_max_tokens,
+        on_death=on_death,
+        tool_parser=tool_parser,
+    )
     limit = max_request_bytes or request_bytes_for(worker.engine.max_context)
     r = _Routes(worker, model_name or worker.engine.verifier.model_name, sampling or SamplingParams(), limit)
 

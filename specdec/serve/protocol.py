@@ -35,19 +35,29 @@ def logprobs_body(
         return spell(t).decode("utf-8", errors="replace")
 
     if chat:
-        return {"content": [
-            {"token": text(e.token), "logprob": e.logprob, "bytes": list(spell(e.token)),
-             "top_logprobs": [{"token": text(t), "logprob": p, "bytes": list(spell(t))} for t, p in e.top]}
-            for e in entries
-        ]}  # fmt: skip
+        return {
+            "content": [
+                {
+                    "token": text(e.token),
+                    "logprob": e.logprob,
+                    "bytes": list(spell(e.token)),
+                    "top_logprobs": [
+                        {"token": text(t), "logprob": p, "bytes": list(spell(t))} for t, p in e.top
+                    ],
+                }
+                for e in entries
+            ]
+        }
     offsets = []
     for e in entries:
         offsets.append(offset)
         offset += len(text(e.token))
     return {
-        "tokens": [text(e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{text(t): p for t, p in e.top} for e in entries], "text_offset": offsets,
-    }  # fmt: skip
+        "tokens": [text(e.token) for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{text(t): p for t, p in e.top} for e in entries],
+        "text_offset": offsets,
+    }
 
 
 class RequestError(ValueError):
@@ -77,9 +87,14 @@ def finish_reason(r: StreamResult) -> str:
 
 
 def chunk(
-    job_id: str, chat: bool, created: int, model: str, delta: str | None, finish: str | None,
+    job_id: str,
+    chat: bool,
+    created: int,
+    model: str,
+    delta: str | None,
+    finish: str | None,
     logprobs: dict | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """One streamed chunk (`chat.completion.chunk` or `text_completion`)."""
     if chat:
         d = {} if delta is None else {"content": delta}
