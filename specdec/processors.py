@@ -118,6 +118,8 @@ class Processor:
         self.prompt, self.output = list(prompt), []
         self._all: Counter[int] = Counter(prompt)  # prompt + output (repetition's window when unlimited)
         self._out: Counter[int] = Counter()  # output (presence's and frequency's when unlimited)
+        self._thought = False  # the output closed its reasoning (a thinking budget has nothing to do)
+        self._think_lo = 0  # the end tag does not start in the output before this
         ids, vals = zip(*params.logit_bias) if params.logit_bias else ((), ())
         self._bias = (torch.tensor(ids, dtype=torch.long), torch.tensor(vals, dtype=torch.float32))
 
@@ -126,6 +128,10 @@ class Processor:
         self.output += tokens
         self._all.update(tokens)
         self._out.update(tokens)
+        budget = self.params.thinking
+        if budget is not None and not self._thought:  # the end tag searched once, in the new tokens
+            self._thought = budget.ended(self.output, lo=self._think_lo)
+            self._think_lo = max(0, len(self.output) - len(budget.end) + 1)
         if self.constraint is not None:
             self.constraint.commit(tokens)
 
@@ -141,9 +147,9 @@ class Processor:
         if self.constraint is not None:
             x = torch.where(self.constraint.mask(paths).to(x.device), x, float("-inf"))
         budget = self.params.thinking
-        if budget is not None:  # a row past the budget takes the end tag's next token, nothing else
+        if budget is not None and not self._thought:  # a row past it takes the end tag's next token alone
             for r, path in enumerate(paths):
-                t = budget.forced([*self.output, *path])
+                t = budget.forced([*self.output, *path], lo=self._think_lo)
                 if t is not None:
                     keep = x[r, t].clone()
                     x[r] = float("-inf")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specdec.chat import held_back
+
 __all__ = ["REASONING_SYNTAXES", "ReasoningStream", "ReasoningSyntax", "ThinkingBudget", "detect_reasoning"]
 
 
@@ -42,20 +44,34 @@ class ThinkingBudget:
         if not self.end:
             raise ValueError("a thinking budget needs the end tag's tokens")
 
-    def forced(self, output: Sequence[int]) -> int | None:
-        """The token the budget forces after `output` (the reply so far), or None."""
-        n = len(self.start)
+    def _begin(self, output: Sequence[int]) -> int | None:
+        """Where the reasoning begins in `output` (None: the reply has none)."""
         if self.opened:
-            body = list(output)
-        elif n and list(output[:n]) == list(self.start):
-            body = list(output[n:])
-        else:
+            return 0
+        n = len(self.start)
+        return n if n and tuple(output[:n]) == self.start else None
+
+    def ended(self, output: Sequence[int], *, lo: int = 0) -> bool:
+        """Whether the end tag closes the reasoning in `output`, searched from position `lo` on (a caller
+        that knows it does not start before)."""
+        begin, e = self._begin(output), self.end
+        if begin is None:
+            return False
+        return any(
+            tuple(output[i : i + len(e)]) == e for i in range(max(begin, lo), len(output) - len(e) + 1)
+        )
+
+    def forced(self, output: Sequence[int], *, lo: int = 0) -> int | None:
+        """The token the budget forces after `output` (the reply so far), or None; `lo` as `ended`'s."""
+        begin = self._begin(output)
+        if begin is None or len(output) - begin < self.tokens or self.ended(output, lo=lo):
             return None
-        e = list(self.end)
-        if len(body) < self.tokens or any(body[i : i + len(e)] == e for i in range(len(body) - len(e) + 1)):
-            return None
-        k = next(k for k in range(len(e) - 1, -1, -1) if k == 0 or body[-k:] == e[:k])  # of the tag, written
-        return self.end[k]
+        e, body = self.end, len(output) - begin
+        # how much of the tag is written already
+        k = next(
+            k for k in range(len(e) - 1, -1, -1) if k == 0 or (k <= body and tuple(output[-k:]) == e[:k])
+        )
+        return e[k]
 
 
 def detect_reasoning(template: str | None) -> ReasoningSyntax | None:
@@ -92,7 +108,7 @@ class ReasoningStream:
             elif self.mode == "reasoning":
                 at = text.find(self.syntax.end)
                 if at < 0:
-                    keep = _partial(text, self.syntax.end)
+                    keep = held_back(text, [self.syntax.end])
                     reasoning += text[: len(text) - keep]
                     self._held = text[len(text) - keep :]
                     return reasoning, content
@@ -112,11 +128,3 @@ class ReasoningStream:
         if self.mode == "reasoning":
             return held, ""
         return "", held
-
-
-def _partial(text: str, tag: str) -> int:
-    """How many of `text`'s last characters could begin `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
