@@ -55,9 +55,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template in place of the model's")
     p.add_argument(
-        "--tool-call-parser", choices=sorted(SYNTAXES),
+        "--tool-call-parser",
+        choices=sorted(SYNTAXES),
         help="the model's tool call syntax (default: detected from its chat template)",
-    )  # fmt: skip
+    )
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
     p.set_defaults(min_confidence=None)  # `_min_confidence`: as the main job where not given
 
