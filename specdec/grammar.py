@@ -37,8 +37,7 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 def _llguidance() -> Any:
     try:
         import llguidance
-        import llguidance.hf
-        import llguidance.torch
+        import llguidance.torch  # (llguidance.hf imports transformers: only for an HF tokenizer, below)
     except ImportError as e:
         raise ValueError(
             "structured output needs llguidance: pip install 'specdec[grammar]' (or llguidance)"
@@ -168,7 +167,9 @@ def grammar_tokenizer(tokenizer: Any, vocab_size: int, stops: Sequence[int]) -> 
                 eos = list(key[1]) or [hf.eos_token_id]
                 tok = ll.LLTokenizer(hf.tokenizer_json(), n_vocab=vocab_size, eos_token=eos)
             else:
-                tok = ll.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=list(key[1]) or None)
+                import llguidance.hf
+
+                tok = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=list(key[1]) or None)
         except ValueError as e:
             raise ValueError(f"structured output needs a Hugging Face fast tokenizer: {e}") from None
         warm = ll.LLMatcher(tok, ll.LLMatcher.grammar_from_regex("a"))

@@ -606,3 +606,18 @@ def test_generate_prints_the_reply_without_its_stop_token(tmp_path, capsys) -> N
     assert main(args) == 0
     out = capsys.readouterr().out.strip()
     assert re.fullmatch("[a-c]{3}", out), out
+
+
+def test_the_stub_needs_no_transformers(stub: StubVerifier, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wheel with the serve extra and without hf: structured output on the stub's own tokenizer works
+    (llguidance's HF adapter imports transformers; it was imported for every tokenizer and failed)."""
+    import sys
+
+    from specdec import grammar
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    monkeypatch.delitem(sys.modules, "llguidance.hf", raising=False)
+    monkeypatch.setattr(grammar, "_TOKENIZERS", type(grammar._TOKENIZERS)())
+    run = _run(stub, None)
+    assert run.finish_reason == "stop"
+    _valid(run, PERSON)
