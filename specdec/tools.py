@@ -10,7 +10,10 @@ Call syntaxes (`SYNTAXES`; detected from the chat template, or named with `--too
   where the model writes one), several joined by "; ";
 - `mistral`: `[TOOL_CALLS]` then a JSON list of {"name", "arguments"}, or (newer tokenizers) `name[ARGS]{...}`
   per call;
-- `harmony` (gpt-oss): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`.
+- `harmony` (gpt-oss): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`,
+  one call per reply (`<|call|>` ends the turn);
+- `gemma4` (Gemma 4): `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>` per call, arguments in
+  Gemma's own value syntax (`specdec.gemma_calls`).
 A reply whose call does not parse comes back as text (finish "stop"), never as an error.
 """
 
@@ -24,9 +27,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.chat import held_back
+from specdec.gemma_calls import QUOTE, parse_call_args, value_lark
 from specdec.grammar import JSON_OPTIONS, GrammarSpec
 
-__all__ = ["SYNTAXES", "ToolCall", "ToolChoice", "ToolStream", "check_tools", "detect_syntax", "tool_grammar"]
+__all__ = [
+    "SYNTAXES",
+    "ToolCall",
+    "ToolChoice",
+    "ToolStream",
+    "check_tools",
+    "detect_syntax",
+    "special_ids",
+    "tool_grammar",
+]
 
 
 @dataclass(frozen=True)
@@ -177,27 +190,76 @@ def _parse_harmony(text: str) -> tuple[str, list[ToolCall]] | None:
 MAX_CALLS = 8  # calls in one forced reply (a model that would go on calling is stopped there)
 
 
+def _lit(text: str, special: Mapping[str, int]) -> str:
+    """`text` as Lark: the special tokens in `special` by id (`<[id]>`, as the model writes them), the rest
+    as string literals."""
+    if not text:
+        return ""
+    marks = sorted(special, key=len, reverse=True)
+    parts = re.split("(" + "|".join(map(re.escape, marks)) + ")", text) if marks else [text]
+    return " ".join(f"<[{special[p]}]>" if p in special else json.dumps(p) for p in parts if p)
+
+
 @dataclass(frozen=True)
 class CallForm:
     """How a family writes calls, for the grammar of a reply that is only calls: `before` them, each call as
-    `head` (its `{name}` filled in) + the arguments + `tail`, `sep` between calls, `after` them."""
+    `head` (its `{name}` filled in) + the arguments (JSON) + `tail`, `sep` between calls, `after` them;
+    `single`: the family's call ends the turn (one call per reply)."""
 
     head: str
     tail: str
     sep: str
     before: str = ""
     after: str = ""
+    single: bool = False
 
-    def lark(self, tools: Sequence[Mapping], many: bool) -> str:
-        lit = json.dumps  # a JSON string is a Lark string literal
-        alts = " | ".join(
-            f"{lit(self.head.replace('{name}', t['function']['name']))} %json {json.dumps(_compact(t))} "
-            f"{lit(self.tail)}"
-            for t in tools
+    def lark(self, tools: Sequence[Mapping], many: bool, special: Mapping[str, int]) -> str:
+        rules = {}
+        alts = []
+        for i, t in enumerate(tools):
+            head, tail = (
+                _lit(x.replace("{name}", t["function"]["name"]), special) for x in (self.head, self.tail)
+            )
+            alts.append(f"{head} {self.args(t, f'f{i}', special, rules)} {tail}")
+        calls = (
+            f"call ({_lit(self.sep, special)} call){{0,{MAX_CALLS - 1}}}"
+            if many and not self.single
+            else "call"
         )
-        calls = f"call ({lit(self.sep)} call){{0,{MAX_CALLS - 1}}}" if many else "call"
-        ends = [lit(x) if x else "" for x in (self.before, self.after)]
-        return f"start: {ends[0]} {calls} {ends[1]}\ncall: {alts}\n"
+        ends = [_lit(x, special) for x in (self.before, self.after)]
+        body = "".join(f"{n}: {b}\n" for n, b in rules.items())
+        return f"start: {ends[0]} {calls} {ends[1]}\ncall: {' | '.join(alts)}\n{body}"
+
+    def args(self, tool: Mapping, prefix: str, special: Mapping[str, int], rules: dict[str, str]) -> str:
+        """The grammar of one function's arguments (rules it needs added to `rules`)."""
+        return f"%json {json.dumps(_compact(tool))}"
+
+
+@dataclass(frozen=True)
+class GemmaForm(CallForm):
+    """Gemma 4's calls: the arguments in its own value syntax (`specdec.gemma_calls`), not JSON."""
+
+    def args(self, tool: Mapping, prefix: str, special: Mapping[str, int], rules: dict[str, str]) -> str:
+        try:
+            top, more = value_lark(_parameters(tool), quote=_lit(QUOTE, special), prefix=prefix)
+        except ValueError as e:
+            name = tool["function"]["name"]
+            raise ValueError(
+                f"forced gemma4 calls of {name!r} cannot keep {e}; use tool_choice 'auto'"
+            ) from None
+        rules.update(more)
+        return top
+
+
+def _parse_gemma4(text: str) -> tuple[str, list[ToolCall]] | None:
+    head, _, rest = text.partition("<|tool_call>")
+    found = re.findall(r"call:([A-Za-z0-9_.\-]+)(\{.*?\})<tool_call\|>\s*(?:<\|tool_call>|$)", rest, re.S)
+    if not found or not rest.rstrip().endswith("<tool_call|>"):
+        return None
+    args = [parse_call_args(a) for _, a in found]
+    if None in args:
+        return None
+    return head, [ToolCall(n, json.dumps(a, ensure_ascii=False)) for (n, _), a in zip(found, args)]
 
 
 @dataclass(frozen=True)
@@ -209,7 +271,7 @@ class Syntax:
     marker: str  # in the template
     start: str  # opens a call in the output ("" : the whole message is the call)
     parse: Callable[[str], tuple[str, list[ToolCall]] | None]
-    form: CallForm | None  # None: no grammar for forced calls
+    form: CallForm
     special: bool = False  # written in special tokens: parsed from the text that keeps them
 
 
@@ -231,7 +293,27 @@ SYNTAXES = {
             _parse_mistral,
             CallForm(_ARGS.format(name="{name}", key="arguments"), "}", ", ", "[TOOL_CALLS][", "]"),
         ),
-        Syntax("harmony", "to=functions", "to=functions.", _parse_harmony, None, special=True),
+        Syntax(
+            "harmony",
+            "to=functions",
+            "to=functions.",
+            _parse_harmony,
+            CallForm(
+                "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
+                "<|call|>",
+                "",
+                single=True,
+            ),
+            special=True,
+        ),
+        Syntax(
+            "gemma4",
+            "<|tool_call>",
+            "<|tool_call>",
+            _parse_gemma4,
+            GemmaForm("<|tool_call>call:{name}", "<tool_call|>", ""),
+            special=True,
+        ),
         Syntax(
             "llama3_json",
             "<|python_tag|>",
@@ -251,15 +333,42 @@ def detect_syntax(template: str | None) -> Syntax | None:
     return None
 
 
-def tool_grammar(syntax: Syntax, tools: Sequence[Mapping], choice: ToolChoice, parallel: bool) -> GrammarSpec:
+#: the special tokens call syntaxes are written in (a tokenizer that has one as a token gets it so)
+SPECIAL = (
+    "<|channel|>",
+    "<|constrain|>",
+    "<|message|>",
+    "<|call|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    QUOTE,
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "<|python_tag|>",
+)
+
+
+def special_ids(tokenizer: Any) -> dict[str, int]:
+    """Which of `SPECIAL` are single tokens of `tokenizer` (an HF or mlx_lm tokenizer), by id."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return {s: vocab[s] for s in SPECIAL if s in vocab}
+
+
+def tool_grammar(
+    syntax: Syntax,
+    tools: Sequence[Mapping],
+    choice: ToolChoice,
+    parallel: bool,
+    *,
+    special: Mapping[str, int] | None = None,
+) -> GrammarSpec:
     """The grammar of a reply that is nothing but valid calls (of `choice.name` alone where named): each
-    call's arguments validate against its function's parameter schema."""
-    if syntax.form is None:
-        raise ValueError(f"tool_choice {choice.mode!r} is not available for the {syntax.name} call syntax")
+    call's arguments validate against its function's parameter schema. `special`: the syntax's special
+    tokens by id (`special_ids`), so the model writes them as the tokens it was trained on."""
     pick = [t for t in tools if choice.name in (None, t["function"]["name"])]
     if not pick:
         raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
-    return GrammarSpec("lark", syntax.form.lark(pick, parallel and choice.name is None))
+    return GrammarSpec("lark", syntax.form.lark(pick, parallel and choice.name is None, special or {}))
 
 
 class ToolStream:

@@ -71,12 +71,22 @@ PARSES = {
     "harmony": [
         (f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{ARGS}<|call|>", "", 1),
     ],
+    "gemma4": [
+        ('<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,unit:<|"|>c<|"|>}<tool_call|>', "", 1),
+        ('Let me look.<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>, unit:<|"|>c<|"|>}<tool_call|>'
+         '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>', "Let me look.", 2),
+    ],
 }  # fmt: skip
 MALFORMED = {
     "hermes": ['<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>', "<tool_call>{}"],
     "llama3_json": ['{"name": "get_weather", "parameters": [1]}', "The weather is fine."],
     "mistral": ["[TOOL_CALLS][{]", "[TOOL_CALLS]get_weather[ARGS]{oops"],
     "harmony": ["<|channel|>commentary to=functions.get_weather<|message|>{nope<|call|>"],
+    "gemma4": [
+        '<|tool_call>call:get_weather{city:<|"|>Oslo}<tool_call|>',
+        "<|tool_call>call:get_weather{city Oslo}",
+        '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>} and more',
+    ],
 }
 
 
@@ -101,6 +111,7 @@ def test_the_syntax_is_detected_from_the_template() -> None:
     assert detect_syntax("{{ '[TOOL_CALLS]' }}").name == "mistral"
     assert detect_syntax("<|python_tag|>{{ x }}").name == "llama3_json"
     assert detect_syntax("<|start|>assistant to=functions.{{ name }}").name == "harmony"
+    assert detect_syntax("{{ '<|tool_call>call:' + name }}").name == "gemma4"
     assert detect_syntax("{{ messages }}") is None and detect_syntax(None) is None
 
 
@@ -141,7 +152,7 @@ def test_tools_and_choices_are_checked() -> None:
 # ---- forced calls: every family's grammar yields calls that parse and validate --------------------------
 
 
-@pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
+@pytest.mark.parametrize("name", sorted(SYNTAXES))
 def test_required_and_named_calls_are_valid_in_every_family(name: str) -> None:
     """The stub (a random model) under each grammar: the reply parses in the family's syntax, each call's
     arguments validate; a named choice calls that function alone; without parallel calls, one call; and
@@ -162,7 +173,7 @@ def test_required_and_named_calls_are_valid_in_every_family(name: str) -> None:
         for call in parsed[1]:
             _valid(call)
             assert choice.name in (None, call.name)
-        if not parallel:
+        if not parallel or syntax.form.single:
             assert len(parsed[1]) == 1
         spec = generate(v, prompt, drafter=RandomDrafter(vocab=v.vocab_size, block_size=6),
                         cfg=DecodeConfig(max_new_tokens=800, block_size=6, logits=params))  # fmt: skip
@@ -271,3 +282,106 @@ def served_model(served) -> str:
     import httpx
 
     return httpx.get(served.url + "/v1/models").json()["data"][0]["id"]
+
+
+# ---- Gemma 4: arguments in its own value syntax, from the schema ------------------------------------------
+
+
+def _obj(required: list[str], **props: dict) -> dict:
+    return {"type": "object", "properties": props, "required": required}
+
+
+GEMMA_SCHEMAS = [
+    _obj(["n", "x", "ok", "none"], n={"type": "integer"}, x={"type": "number"}, ok={"type": "boolean"},
+         none={"type": "null"}),
+    _obj(["b"], a={"type": "string", "maxLength": 4}, b={"type": "string", "minLength": 1, "maxLength": 3}),
+    _obj(["tags"], tags={"type": "array", "items": {"enum": ["x", "y", 3]}, "minItems": 1, "maxItems": 3}),
+    _obj(["p"], p=_obj(["q"], q={"type": ["integer", "null"]})),
+    _obj(["v", "c"], v={"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]},
+         c={"const": "k"}),
+    {**_obj([], o1={"type": "integer"}, o2={"type": "boolean"}), "additionalProperties": False},
+]  # fmt: skip
+
+
+def _fn(schema: dict, name: str = "f") -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": schema}}
+
+
+def _accepts(source: str, text: str) -> bool:
+    """Whether the Lark grammar `source` accepts `text` whole (the stub's byte tokens)."""
+    import llguidance
+
+    from specdec.grammar import grammar_tokenizer
+
+    v = StubVerifier()
+    tok = grammar_tokenizer(v.tokenizer, v.vocab_size, sorted(v.eos_token_ids))
+    m = llguidance.LLMatcher(tok, llguidance.grammar_from("lark", source), log_level=1)
+    ids = v.tokenizer.encode(text)[1:]  # without the BOS
+    return m.consume_tokens(ids) and m.is_accepting()
+
+
+def test_forced_gemma4_calls_keep_each_schema_in_gemmas_syntax() -> None:
+    """Every schema's forced call, written by a random model, parses in Gemma's syntax and validates; the
+    grammar accepts free strings with '<' in them and any value where the schema allows any, and refuses a
+    string closed early; keywords it cannot keep are refused by name."""
+    jsonschema = pytest.importorskip("jsonschema")
+    v = StubVerifier()
+    prompt = v.tokenizer.encode("Call:")
+    gemma = SYNTAXES["gemma4"]
+    for schema in GEMMA_SCHEMAS:
+        params = LogitsParams(grammar=tool_grammar(gemma, [_fn(schema)], ToolChoice("required"), False))
+        run = generate(v, prompt, cfg=DecodeConfig(max_new_tokens=400, logits=params))
+        parsed = gemma.parse(run.text)
+        assert run.finish_reason == "stop" and parsed is not None, (schema, run.text)
+        jsonschema.validate(json.loads(parsed[1][0].arguments), schema)
+    free = {"type": "object", "properties": {"s": {"type": "string"}, "any": {}}, "required": ["s", "any"]}
+    source = tool_grammar(gemma, [_fn(free)], ToolChoice("required"), False).source
+    call = '<|tool_call>call:f{{s:<|"|>{}<|"|>,any:{}}}<tool_call|>'
+    assert _accepts(source, call.format("a<b <| x", '{k:[1,<|"|>t<|"|>,{}],m:null}'))
+    assert not _accepts(source, call.format('a<|"|>b', "1"))
+    assert gemma.parse(call.format("a<b", '{k:[1,<|"|>t<|"|>]}'))[1][0].arguments == (
+        '{"s": "a<b", "any": {"k": [1, "t"]}}'
+    )
+    for schema, says in [({"type": "string", "pattern": "a+"}, "'pattern' at parameters"),
+                         ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}},
+                          "'minimum' at parameters.n"),
+                         ({"oneOf": [{"type": "integer"}]}, "'oneOf'")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"cannot keep the schema keyword {says}"):
+            tool_grammar(gemma, [_fn(schema)], ToolChoice("required"), False)
+
+
+GEMMA_TEMPLATE = (  # Gemma 4's call syntax (a fact); the template is ours
+    "{%- for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n{%- endfor %}"
+    "{%- if tools %}{% for t in tools %}<|tool>{{ t.function.name }}<tool|>{% endfor %}"
+    "Call as <|tool_call>call:NAME{key:value}<tool_call|>{% endif %}"
+    "{%- if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
+
+
+@pytest.mark.hf
+def test_forced_calls_write_the_syntax_in_its_special_tokens(tmp_path) -> None:
+    """Where the tokenizer has the call syntax's marks as special tokens (Gemma 4's `<|tool_call>`,
+    `<|"|>`...), a forced call writes those tokens, not their text spelled in bytes; the reply, decoded
+    with them kept, parses and validates."""
+    pytest.importorskip("transformers")
+    from tinymodels import tiny_llama, tiny_tokenizer
+
+    from specdec.tools import special_ids
+    from specdec.verifiers.hf import HFVerifier
+
+    marks = ["<|tool_call>", "<tool_call|>", '<|"|>']
+    v = HFVerifier(tiny_tokenizer(tiny_llama(tmp_path / "m"), chat_template=GEMMA_TEMPLATE, more=marks))
+    special = special_ids(v.tokenizer)
+    assert sorted(special) == sorted(marks)
+    syntax = detect_syntax(GEMMA_TEMPLATE)
+    assert syntax is SYNTAXES["gemma4"]
+    grammar = tool_grammar(syntax, TOOLS, ToolChoice("required"), False, special=special)
+    cfg = DecodeConfig(max_new_tokens=200, logits=LogitsParams(grammar=grammar))
+    run = generate(v, v.tokenizer.encode("Weather?"), cfg=cfg)
+    assert run.finish_reason == "stop"
+    assert {special["<|tool_call>"], special['<|"|>']} <= set(run.output_tokens)
+    assert run.output_tokens[-1] in v.eos_token_ids
+    calls = syntax.parse(v.tokenizer.decode(run.output_tokens[:-1], skip_special_tokens=False))[1]
+    assert calls
+    for c in calls:
+        _valid(c)

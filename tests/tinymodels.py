@@ -7,6 +7,7 @@ prompts so the window wraps.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -220,21 +221,24 @@ def tiny_qwen3(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
     return _save(Qwen3ForCausalLM(Qwen3Config(**common)).eval(), path)
 
 
-def tiny_tokenizer(path: Path, *, chat_template: str | None = None, bos: int = 2, eos: int = 1) -> Path:
+def tiny_tokenizer(
+    path: Path, *, chat_template: str | None = None, bos: int = 2, eos: int = 1, more: Sequence[str] = ()
+) -> Path:
     """A byte-level tokenizer for the tiny models (ids: <pad> 0, <eos> 1, <bos> 2, <start_of_turn> 3,
-    <end_of_turn> 4, then the 256 bytes), saved next to a model as transformers writes one."""
+    <end_of_turn> 4, then the 256 bytes, then the special tokens `more` from 261), saved next to a model as
+    transformers writes one."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
     byte_names = list(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {t: i for i, t in enumerate(specials + sorted(byte_names))}
+    vocab = {t: i for i, t in enumerate(specials + sorted(byte_names) + list(more))}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     names = {bos: "bos_token", eos: "eos_token", 0: "pad_token"}
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, additional_special_tokens=specials[3:],
+        tokenizer_object=core, additional_special_tokens=specials[3:] + list(more),
         **{name: specials[i] for i, name in names.items()},
     )  # fmt: skip
     if chat_template is not None:

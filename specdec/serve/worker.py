@@ -18,7 +18,7 @@ from specdec.reasoning import ThinkingBudget, detect_reasoning
 from specdec.serve.metrics import Metrics, request_stats
 from specdec.serve.protocol import Params, RequestError, error_body
 from specdec.stream import StreamingEngine
-from specdec.tools import SYNTAXES, detect_syntax, tool_grammar
+from specdec.tools import SYNTAXES, detect_syntax, special_ids, tool_grammar
 
 __all__ = ["Job", "Worker"]
 
@@ -98,6 +98,7 @@ class Worker:
         tok = self.engine.verifier.tokenizer
         self.tool_syntax = SYNTAXES[tool_parser] if tool_parser else detect_syntax(chat_template(tok))
         self.reasoning = detect_reasoning(chat_template(tok))
+        self.special = special_ids(tok)  # the call syntax's special tokens, for forced calls' grammars
         # the text of tokens with the special ones kept (a call syntax may be made of them)
         self.raw_text: Callable[[Sequence[int]], str] = lambda ids: tok.decode(list(ids))
         if hasattr(tok, "convert_ids_to_tokens") or hasattr(getattr(tok, "_tokenizer", None), "decode"):
@@ -188,7 +189,8 @@ class Worker:
         if p.tool_choice.mode not in ("required", "named"):
             return p
         try:
-            grammar = tool_grammar(self.tool_syntax, p.tools or [], p.tool_choice, p.parallel_tool_calls)
+            tools, choice, many = p.tools or [], p.tool_choice, p.parallel_tool_calls
+            grammar = tool_grammar(self.tool_syntax, tools, choice, many, special=self.special)
         except ValueError as e:
             raise RequestError(str(e), param="tool_choice") from None
         return replace(p, logits=replace(p.logits or LogitsParams(), grammar=grammar), grammar_field="tools")
