@@ -68,9 +68,25 @@ def _value(s: str, i: int) -> tuple[Any, int]:
 # ---- the grammar of the values a schema allows ---------------------------------------------------------
 
 #: the keywords `value_lark` keeps; any other that constrains a value is refused
-_KEPT = {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf",
-         "minLength", "maxLength", "minItems", "maxItems", "description", "title", "default", "examples",
-         "$schema"}  # fmt: skip
+_KEPT = {
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "enum",
+    "const",
+    "anyOf",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "description",
+    "title",
+    "default",
+    "examples",
+    "$schema",
+}
 # digits bounded, so a model stuck on one cannot write a number forever
 _NUMBER = r"/-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?/"
 _INTEGER = r"/-?(0|[1-9][0-9]{0,19})/"

@@ -1,9 +1,14 @@
-"""A thinking model's reasoning kept apart from its answer: `<think>...</think>` (Qwen3 / 3.5 / 3.6,
-DeepSeek-R1, SmolLM3 and the others that write it so) split off the streamed text into `reasoning_content`.
+"""A thinking model's reasoning kept apart from its answer, split off the streamed text into
+`reasoning_content`:
+- `think`: `<think>...</think>` (Qwen3 / 3.5 / 3.6, DeepSeek-R1, SmolLM3 and the others that write it so);
+- `gemma4`: `<|channel>thought\n...<channel|>` (Gemma 4, special tokens);
+- `harmony` (gpt-oss): messages by channel, `<|channel|>analysis<|message|>...<|end|>` the reasoning and
+  `<|start|>assistant<|channel|>final<|message|>...` the answer (`HarmonyStream`).
 
-The syntax is detected from the chat template (it names `<think>`); a template whose generation prompt
-already opens the reasoning (the prompt ends with `<think>`) starts the reply inside it. What the model writes
-is not changed: speculation stays exact, and the split is of the text alone.
+The syntax is detected from the chat template; a template whose generation prompt already opens the
+reasoning (the prompt ends with its start tag) starts the reply inside it. A syntax written in special
+tokens is split on the text that keeps them. What the model writes is not changed: speculation stays
+exact, and the split is of the text alone.
 """
 
 from __future__ import annotations
@@ -13,7 +18,15 @@ from dataclasses import dataclass
 
 from specdec.chat import held_back
 
-__all__ = ["REASONING_SYNTAXES", "ReasoningStream", "ReasoningSyntax", "ThinkingBudget", "detect_reasoning"]
+__all__ = [
+    "REASONING_SYNTAXES",
+    "HarmonyStream",
+    "ReasoningStream",
+    "ReasoningSyntax",
+    "ThinkingBudget",
+    "detect_reasoning",
+    "reasoning_stream",
+]
 
 
 @dataclass(frozen=True)
@@ -21,9 +34,18 @@ class ReasoningSyntax:
     name: str
     start: str  # opens the reasoning
     end: str  # closes it; the answer follows
+    label: str = ""  # written right after `start`, not part of the reasoning
+    special: bool = False  # the tags are special tokens: split the text that keeps them
 
 
-REASONING_SYNTAXES = {"think": ReasoningSyntax("think", "<think>", "</think>")}
+REASONING_SYNTAXES = {
+    s.name: s
+    for s in [
+        ReasoningSyntax("think", "<think>", "</think>"),
+        ReasoningSyntax("gemma4", "<|channel>", "<channel|>", label="thought\n", special=True),
+        ReasoningSyntax("harmony", "<|channel|>analysis<|message|>", "<|end|>", special=True),
+    ]
+}
 
 
 @dataclass(frozen=True)
@@ -76,9 +98,20 @@ class ThinkingBudget:
 
 def detect_reasoning(template: str | None) -> ReasoningSyntax | None:
     """The reasoning syntax a chat template shows (None: none)."""
-    if template and "<think>" in template and "</think>" in template:
-        return REASONING_SYNTAXES["think"]
+    marks = {
+        "think": ("<think>", "</think>"),
+        "gemma4": ("<|channel>", "<channel|>"),
+        "harmony": ("<|channel|>", "analysis"),
+    }
+    for name, (a, b) in marks.items():
+        if template and a in template and b in template:
+            return REASONING_SYNTAXES[name]
     return None
+
+
+def reasoning_stream(syntax: ReasoningSyntax, *, opened: bool = False) -> ReasoningStream | HarmonyStream:
+    """The stream that splits `syntax`'s replies."""
+    return HarmonyStream() if syntax.name == "harmony" else ReasoningStream(syntax, opened=opened)
 
 
 class ReasoningStream:
@@ -88,7 +121,8 @@ class ReasoningStream:
 
     def __init__(self, syntax: ReasoningSyntax, *, opened: bool = False) -> None:
         self.syntax = syntax
-        self.mode = "reasoning" if opened else "start"  # start -> reasoning -> content, or start -> content
+        # start -> label -> reasoning -> content, or start -> content
+        self.mode = "label" if opened else "start"
         self._held = ""
         self._fresh = False  # content just began after the reasoning
 
@@ -102,9 +136,15 @@ class ReasoningStream:
                     self._held = text
                     return reasoning, content
                 if body.startswith(self.syntax.start):
-                    self.mode, text = "reasoning", body[len(self.syntax.start) :]
+                    self.mode, text = "label", body[len(self.syntax.start) :]
                 else:
                     self.mode = "content"
+            elif self.mode == "label":  # the label after the start tag is dropped, once whole
+                label = self.syntax.label
+                if label.startswith(text) and len(text) < len(label):
+                    self._held = text
+                    return reasoning, content
+                self.mode, text = "reasoning", text.removeprefix(label)
             elif self.mode == "reasoning":
                 at = text.find(self.syntax.end)
                 if at < 0:
@@ -127,4 +167,58 @@ class ReasoningStream:
         held, self._held = self._held, ""
         if self.mode == "reasoning":
             return held, ""
+        if self.mode == "label":
+            return "", ""
         return "", held
+
+
+class HarmonyStream:
+    """gpt-oss's reply, in the text that keeps its special tokens, split by channel: `analysis` messages are
+    reasoning, `final` ones (and `commentary` without a recipient: preambles) content; a message to a
+    recipient (a tool call) is neither (`specdec.tools` parses it). A reply that opens no channel is all
+    content. Tags split across deltas are held back until whole."""
+
+    ENDS = ("<|end|>", "<|call|>", "<|return|>")
+
+    def __init__(self) -> None:
+        self.mode, self.kind, self._held = "header", "", ""
+
+    def push(self, delta: str) -> tuple[str, str]:
+        text, self._held = self._held + delta, ""
+        out = {"reasoning": "", "content": "", "call": ""}
+        while text:
+            if self.mode == "header":
+                at = text.find("<|message|>")
+                if at < 0:
+                    head = text.lstrip()
+                    if head and not "<|".startswith(head[:2]):  # a header opens with a special token
+                        self.mode = "plain"  # no channels: all of it is content
+                        continue
+                    self._held = text
+                    break
+                header, text = text[:at], text[at + len("<|message|>") :]
+                channel = header.rsplit("<|channel|>", 1)[-1]
+                to = " to=" in f" {header}"  # a recipient: the message is a call
+                self.kind = "reasoning" if channel.startswith("analysis") else "call" if to else "content"
+                self.mode = "body"
+            elif self.mode == "body":
+                ends = [(text.find(e), e) for e in self.ENDS if e in text]
+                if not ends:
+                    keep = held_back(text, list(self.ENDS))
+                    out[self.kind] += text[: len(text) - keep]
+                    self._held = text[len(text) - keep :]
+                    break
+                at, tag = min(ends)
+                out[self.kind] += text[:at]
+                self.mode, text = "header", text[at + len(tag) :]
+            else:
+                out["content"] += text
+                text = ""
+        return out["reasoning"], out["content"]
+
+    def finish(self) -> tuple[str, str]:
+        """What was held back: a message cut short stays what it was; an unfinished header is dropped."""
+        held, self._held = self._held, ""
+        if self.mode == "body" and self.kind != "call":
+            return (held, "") if self.kind == "reasoning" else ("", held)
+        return "", held if self.mode == "plain" else ""

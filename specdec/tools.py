@@ -183,8 +183,7 @@ def _parse_harmony(text: str) -> tuple[str, list[ToolCall]] | None:
     calls = _named(re.findall(_HARMONY_CALL, text, re.S))
     if calls is None:
         return None
-    head = text[: text.find("<|channel|>commentary")] if "<|channel|>commentary" in text else ""
-    return re.sub(r"<\|[^|]*\|>", "", head), calls
+    return "", calls  # the text around calls comes by channel (`specdec.reasoning.HarmonyStream`)
 
 
 MAX_CALLS = 8  # calls in one forced reply (a model that would go on calling is stopped there)

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from specdec.reasoning import REASONING_SYNTAXES, ReasoningStream, detect_reasoning
+from specdec.reasoning import REASONING_SYNTAXES, HarmonyStream, ReasoningStream, detect_reasoning
 
 THINK = REASONING_SYNTAXES["think"]
 #: a thinking model's template (the `<think>` convention is a fact; this template is ours): the generation
@@ -20,28 +20,51 @@ TEMPLATE = (
 )
 
 
-def _split(pieces, opened=False):
-    rs = ReasoningStream(THINK, opened=opened)
+def _split(pieces, opened=False, stream=None):
+    rs = stream or ReasoningStream(THINK, opened=opened)
     out = [rs.push(p) for p in pieces] + [rs.finish()]
     return "".join(r for r, _ in out), "".join(c for _, c in out)
 
 
+def _cuts(text: str, rng: random.Random) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randrange(1, 12)))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
 def test_the_split_whatever_the_deltas() -> None:
-    text = "<think>\nLet me see: 2 + 2.</think>\n\nIt is 4."
     rng = random.Random(0)
-    for _ in range(50):  # cut anywhere, tags included
-        cuts = sorted(rng.sample(range(1, len(text)), rng.randrange(1, 12)))
-        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-        assert _split(pieces) == ("\nLet me see: 2 + 2.", "It is 4."), pieces
+    gemma = REASONING_SYNTAXES["gemma4"]
+    harmony = "<|channel|>analysis<|message|>Let me see.<|end|><|start|>assistant<|channel|>final<|message|>"
+    preamble = (
+        "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>analysis<|message|>"
+    )
+    call = "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}"
+    for text, stream, want in [
+        ("<think>\nLet me see: 2 + 2.</think>\n\nIt is 4.", lambda: None,
+         ("\nLet me see: 2 + 2.", "It is 4.")),
+        ("<|channel>thought\nLet me see.<channel|>It is 4.", lambda: ReasoningStream(gemma),
+         ("Let me see.", "It is 4.")),
+        (harmony + "It is 4.", HarmonyStream, ("Let me see.", "It is 4.")),
+        (preamble + "Hm.<|end|>" + call, HarmonyStream, ("Hm.", "Checking.")),
+    ]:  # fmt: skip
+        for _ in range(50):  # cut anywhere, tags included
+            pieces = _cuts(text, rng)
+            assert _split(pieces, stream=stream()) == want, pieces
     assert _split(["Let me ", "think.</th", "ink>Done."], opened=True) == ("Let me think.", "Done.")
     assert _split(["  <th", "ink>a", "</think>b"]) == ("a", "b")
     assert _split(["No reasoning here."]) == ("", "No reasoning here.")
     assert _split(["<thi", "s is html>"]) == ("", "<this is html>")  # not the tag after all
     assert _split(["still thinking </thi"], opened=True) == ("still thinking </thi", "")  # cut short
+    assert _split(["It is 4."], stream=HarmonyStream()) == ("", "It is 4.")  # no channels
+    assert _split(["<|channel|>analysis<|message|>cut sh"], stream=HarmonyStream()) == ("cut sh", "")
 
 
 def test_the_syntax_is_detected() -> None:
     assert detect_reasoning(TEMPLATE) is THINK
+    assert detect_reasoning(GEMMA_TEMPLATE).name == "gemma4"
+    assert (
+        detect_reasoning("<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}").name == "harmony"
+    )
     assert detect_reasoning("{{ messages }}") is None and detect_reasoning(None) is None
 
 
@@ -88,6 +111,95 @@ def test_the_server_keeps_reasoning_apart(tmp_path) -> None:
             assert r.status_code == 400 and r.json()["error"]["param"] in bad, r.text
     finally:
         served.stop()
+
+
+GEMMA_MARKS = ["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>']
+#: Gemma 4's reasoning and call syntax (facts); the template is ours
+GEMMA_TEMPLATE = (
+    "{%- for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n{%- endfor %}"
+    "{%- if tools %}Call as <|tool_call>call:NAME{key:value}<tool_call|>{% endif %}"
+    "{%- if add_generation_prompt %}<|turn>model\n{% endif %}{# thinking: <|channel>thought ...<channel|> #}"
+)
+
+
+@pytest.mark.hf
+def test_the_server_splits_reasoning_written_in_special_tokens(tmp_path) -> None:
+    """Gemma 4's `<|channel>thought\n...<channel|>` in special tokens (plain decoding drops them, so the split
+    must read the text that keeps them): reasoning and content apart, streamed and not, no mark left in
+    either."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("transformers")
+    import httpx
+    from test_server import Served
+    from tinymodels import tiny_llama, tiny_tokenizer
+
+    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.serve import build_app
+    from specdec.stream import StreamingEngine
+    from specdec.verifiers.hf import HFVerifier
+
+    path = tiny_tokenizer(
+        tiny_llama(tmp_path / "m"), chat_template=GEMMA_TEMPLATE, bos=1, eos=2, more=GEMMA_MARKS
+    )
+    v = HFVerifier(path)
+    ids = {m: v.tokenizer.convert_tokens_to_ids(m) for m in GEMMA_MARKS}
+    served = Served(build_app(StreamingEngine(v, PromptLookupDrafter(block_size=6))))
+    try:
+        url = served.url + "/v1/chat/completions"
+        lark = (
+            f'start: <[{ids["<|channel>"]}]> "thought\\n" /[a-z]{{6}}/ <[{ids["<channel|>"]}]> /[0-9]{{3}}/'
+        )
+        body = {"messages": [{"role": "user", "content": "2 + 2?"}], "max_tokens": 40,
+                "structured_outputs": {"grammar": lark}}  # fmt: skip
+        msg = httpx.post(url, json=body).json()["choices"][0]["message"]
+        assert len(msg["reasoning_content"]) == 6 and msg["reasoning_content"].isalpha(), msg
+        assert len(msg["content"]) == 3 and msg["content"].isdigit(), msg
+        events = []
+        with httpx.stream("POST", url, json={**body, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(httpx.Response(200, content=line[6:]).json())
+        deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == msg["reasoning_content"]
+        assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+    finally:
+        served.stop()
+
+
+@pytest.mark.hf
+def test_reasoning_then_a_call_in_special_tokens_whatever_the_steps(tmp_path) -> None:
+    """The server's split of a Gemma 4 reply that thinks, then calls a tool, as its tokens come in steps of
+    any size: the reasoning apart, no content (no mark, no call text leaking), the call parsed."""
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from tinymodels import tiny_tokenizer
+    from transformers import AutoTokenizer
+
+    from specdec.serve.app import _Split
+    from specdec.serve.worker import _without_special_tokens
+    from specdec.tools import SYNTAXES
+
+    tok = AutoTokenizer.from_pretrained(
+        tiny_tokenizer(tmp_path, chat_template=GEMMA_TEMPLATE, more=GEMMA_MARKS)
+    )
+    raw = lambda ids: tok.decode(list(ids), skip_special_tokens=False)  # noqa: E731
+    gemma = REASONING_SYNTAXES["gemma4"]
+    worker = SimpleNamespace(reasoning=gemma, tool_syntax=SYNTAXES["gemma4"], stop_ids={1}, raw_text=raw,
+                             clean_text=_without_special_tokens(tok))  # fmt: skip
+    reply = "<|channel>thought\nCheck the time.<channel|>"
+    reply += '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>'
+    ids = [*tok.encode(reply, add_special_tokens=False), 1]
+    assert sum(i >= 261 for i in ids) == 6  # the marks are single tokens
+    rng = random.Random(0)
+    for _ in range(30):
+        split = _Split(worker, SimpleNamespace(reasoning_opened=False, tools=[]), True)
+        cuts = sorted(rng.sample(range(1, len(ids)), rng.randrange(1, 10)))
+        out = [split.push("", ids[a:b]) for a, b in zip([0, *cuts], [*cuts, len(ids)])]
+        thought, rest, calls = split.finish(worker.raw_text(ids[:-1]))
+        assert "".join(r for r, _ in out) + thought == "Check the time."
+        assert "".join(c for _, c in out) + rest == ""
+        assert [(c.name, c.arguments) for c in calls] == [("get_time", '{"zone": "UTC"}')]
 
 
 # ---- a thinking budget ----------------------------------------------------------------------------------

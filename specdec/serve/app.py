@@ -9,10 +9,10 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
-from specdec.reasoning import ReasoningStream
+from specdec.reasoning import reasoning_stream
 from specdec.sampling import SamplingParams
 from specdec.serve.anthropic import MessageStream, message_body, stop_reason, to_openai
 from specdec.serve.anthropic import error_body as anthropic_error_body
@@ -145,28 +145,53 @@ def _delta(chunk: dict, delta: dict) -> dict:
     return chunk
 
 
+class _RawText:
+    """A reply's text with special tokens kept, as its tokens come (stop tokens left out): each push gives
+    the new text once it is whole (a character split across tokens waits for its last byte)."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], stops: Collection[int]) -> None:
+        self.decode, self.stops, self.ids, self.start, self.read = decode, stops, [], 0, 0
+
+    def push(self, tokens: Sequence[int]) -> str:
+        self.ids += [t for t in tokens if t not in self.stops]
+        # decode from a few tokens back, so a token whose text depends on the one before comes out right
+        before, now = self.decode(self.ids[self.start : self.read]), self.decode(self.ids[self.start :])
+        if now.endswith("\ufffd") or len(now) < len(before):
+            return ""
+        self.start, self.read = self.read, len(self.ids)
+        return now[len(before) :]
+
+
 class _Split:
     """A reply's text as it streams, split into reasoning (a thinking model's) and content, and the content
-    into text and tool calls (held back until they parse)."""
+    into text and tool calls (held back until they parse). Where the reasoning or call syntax is made of
+    special tokens, the split reads the text that keeps them, and what goes out has them taken away."""
 
     def __init__(self, worker: Worker, params: Any, chat: bool) -> None:
         syntax = worker.reasoning if chat else None
-        self.reasoning = ReasoningStream(syntax, opened=params.reasoning_opened) if syntax else None
+        self.reasoning = reasoning_stream(syntax, opened=params.reasoning_opened) if syntax else None
         self.tools = ToolStream(worker.tool_syntax) if params.tools is not None else None
+        special = any(x is not None and x.special for x in (syntax, self.tools and self.tools.syntax))
+        self.raw = _RawText(worker.raw_text, worker.stop_ids) if special else None
+        self.clean = worker.clean_text if special else str
 
-    def push(self, delta: str) -> tuple[str, str]:
-        """(reasoning, content) that can go out now."""
+    def push(self, delta: str, tokens: Sequence[int]) -> tuple[str, str]:
+        """(reasoning, content) that can go out now, given an event's text and tokens."""
+        return self._text(self.raw.push(tokens) if self.raw is not None else delta)
+
+    def _text(self, delta: str) -> tuple[str, str]:
         thought, delta = self.reasoning.push(delta) if self.reasoning else ("", delta)
-        return thought, self.tools.push(delta) if self.tools else delta
+        return self.clean(thought), self.clean(self.tools.push(delta) if self.tools else delta)
 
     def finish(self, raw: str) -> tuple[str, str, list[ToolCall]]:
         """(reasoning, content, calls) left at the end; `raw`: the reply with special tokens kept."""
         thought, rest = self.reasoning.finish() if self.reasoning else ("", "")
+        thought, rest = self.clean(thought), self.clean(rest)
         if self.tools is None:
             return thought, rest, []
         more = self.tools.push(rest)
         tail, calls = self.tools.finish(raw if self.tools.syntax.special else None)
-        return thought, more + tail, calls
+        return thought, self.clean(more + tail), calls
 
 
 class _Routes:
@@ -266,7 +291,7 @@ class _Routes:
             result, stats = payload
             lp = logprobs_body(chat, entries, self.worker.spell) if job.params.logprobs is not None else None
             split = _Split(self.worker, job.params, chat)
-            reasoning, content = split.push("".join(text))
+            reasoning, content = split.push("".join(text), tokens)
             more_r, more_c, calls = split.finish(self._raw(tokens))
             body = response_body(chat, self.model, content + more_c, result, stats, lp)
             if chat and split.reasoning is not None:
@@ -305,7 +330,8 @@ class _Routes:
                 if kind == "event":
                     entries = self._logprobs_of(job, payload)
                     tokens += payload.tokens
-                    thought, delta = split.push(payload.delta)  # a call's text held back until it parses
+                    # a call's text held back until it parses
+                    thought, delta = split.push(payload.delta, payload.tokens)
                     if thought:
                         yield data(_delta(piece(None, None), {"reasoning_content": thought}))
                     if entries:  # a step's tokens, with their text as soon as it is final
@@ -374,7 +400,7 @@ class _Routes:
                 kind, payload = await job.events.get()
                 if kind == "event":
                     tokens += payload.tokens
-                    r, c = split.push(payload.delta)
+                    r, c = split.push(payload.delta, payload.tokens)
                     thought.append(r)
                     text.append(c)
                 elif kind == "error":
@@ -400,7 +426,7 @@ class _Routes:
                 kind, payload = await job.events.get()
                 if kind == "event":
                     tokens += payload.tokens
-                    r, c = split.push(payload.delta)
+                    r, c = split.push(payload.delta, payload.tokens)
                     yield (ms.thinking(r) if r else "") + (ms.text(c) if c else "")
                 elif kind == "error":
                     yield ms.event(

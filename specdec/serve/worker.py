@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -69,6 +70,18 @@ class TokenSpeller:
         return self._spell(token)
 
 
+def _without_special_tokens(tokenizer: Any) -> Callable[[str], str]:
+    """text -> the text without the tokenizer's special tokens (as decoding that skips them gives it)."""
+    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    found |= {
+        t.content for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values() if t.special
+    }
+    if not found:
+        return str
+    pattern = re.compile("|".join(map(re.escape, sorted(found, key=len, reverse=True))))
+    return lambda text: pattern.sub("", text)
+
+
 class Worker:
     """One thread per engine; at most `max_queue` requests wait for a free one (0: none wait). Engines on
     sequences of one batch run their requests' verifies together (`engine.decode`).
@@ -99,6 +112,7 @@ class Worker:
         self.tool_syntax = SYNTAXES[tool_parser] if tool_parser else detect_syntax(chat_template(tok))
         self.reasoning = detect_reasoning(chat_template(tok))
         self.special = special_ids(tok)  # the call syntax's special tokens, for forced calls' grammars
+        self.clean_text = _without_special_tokens(tok)
         # the text of tokens with the special ones kept (a call syntax may be made of them)
         self.raw_text: Callable[[Sequence[int]], str] = lambda ids: tok.decode(list(ids))
         if hasattr(tok, "convert_ids_to_tokens") or hasattr(getattr(tok, "_tokenizer", None), "decode"):
@@ -199,7 +213,8 @@ class Worker:
         """The request with its thinking budget a processor (refused for a model that shows no reasoning)."""
         if self.reasoning is None:
             raise RequestError(
-                "this model's chat template shows no reasoning (<think>): 'thinking_budget' would do nothing",
+                "this model's chat template shows no reasoning we know (<think>, Gemma 4's or gpt-oss's "
+                "channels): 'thinking_budget' would do nothing",
                 param="thinking_budget",
             )
         start, end = (
