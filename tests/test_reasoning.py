@@ -68,6 +68,24 @@ def test_the_syntax_is_detected() -> None:
     assert detect_reasoning("{{ messages }}") is None and detect_reasoning(None) is None
 
 
+def _six_letters_then_three_digits(url: str, body: dict) -> None:
+    """The reply to `body` (a grammar: six letters of reasoning, then three digits) split so, streamed and
+    not."""
+    import httpx
+
+    msg = httpx.post(url, json=body).json()["choices"][0]["message"]
+    assert len(msg["reasoning_content"]) == 6 and msg["reasoning_content"].isalpha(), msg
+    assert len(msg["content"]) == 3 and msg["content"].isdigit(), msg
+    events = []
+    with httpx.stream("POST", url, json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                events.append(httpx.Response(200, content=line[6:]).json())
+    deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == msg["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+
+
 @pytest.mark.hf
 def test_the_server_keeps_reasoning_apart(tmp_path) -> None:
     """The template opens the reasoning: what the model writes before `</think>` is `reasoning_content`, the
@@ -90,17 +108,7 @@ def test_the_server_keeps_reasoning_apart(tmp_path) -> None:
         url = served.url + "/v1/chat/completions"
         body = {"messages": [{"role": "user", "content": "2 + 2?"}], "max_tokens": 40,
                 "structured_outputs": {"regex": "[a-z]{6}</think>\n[0-9]{3}"}}  # fmt: skip
-        msg = httpx.post(url, json=body).json()["choices"][0]["message"]
-        assert len(msg["reasoning_content"]) == 6 and msg["reasoning_content"].isalpha(), msg
-        assert len(msg["content"]) == 3 and msg["content"].isdigit(), msg
-        events = []
-        with httpx.stream("POST", url, json={**body, "stream": True}) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    events.append(httpx.Response(200, content=line[6:]).json())
-        deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
-        assert "".join(d.get("reasoning_content", "") for d in deltas) == msg["reasoning_content"]
-        assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+        _six_letters_then_three_digits(url, body)
         off = {**body, "chat_template_kwargs": {"enable_thinking": False},
                "structured_outputs": {"regex": "[0-9]{4}"}}  # fmt: skip
         msg = httpx.post(url, json=off).json()["choices"][0]["message"]
@@ -129,7 +137,6 @@ def test_the_server_splits_reasoning_written_in_special_tokens(tmp_path) -> None
     either."""
     pytest.importorskip("starlette")
     pytest.importorskip("transformers")
-    import httpx
     from test_server import Served
     from tinymodels import tiny_llama, tiny_tokenizer
 
@@ -151,17 +158,7 @@ def test_the_server_splits_reasoning_written_in_special_tokens(tmp_path) -> None
         )
         body = {"messages": [{"role": "user", "content": "2 + 2?"}], "max_tokens": 40,
                 "structured_outputs": {"grammar": lark}}  # fmt: skip
-        msg = httpx.post(url, json=body).json()["choices"][0]["message"]
-        assert len(msg["reasoning_content"]) == 6 and msg["reasoning_content"].isalpha(), msg
-        assert len(msg["content"]) == 3 and msg["content"].isdigit(), msg
-        events = []
-        with httpx.stream("POST", url, json={**body, "stream": True}) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    events.append(httpx.Response(200, content=line[6:]).json())
-        deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
-        assert "".join(d.get("reasoning_content", "") for d in deltas) == msg["reasoning_content"]
-        assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+        _six_letters_then_three_digits(url, body)
     finally:
         served.stop()
 
