@@ -38,14 +38,16 @@ from specdec.args import (
     add_logits_args,
     add_max_new_tokens,
     add_sampling_args,
+    add_template_args,
     add_verifier_args,
     at_least,
     logits_of,
+    read_chat_template,
     run_main,
     run_spec,
     sampling_of,
 )
-from specdec.chat import encode_prompt, prompt_format
+from specdec.chat import encode_prompt, prompt_format, set_chat_template
 from specdec.drafting.spec import DrafterSpec
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.datasets import PromptRecord, dataset_names, load_dataset, second_turn_messages
@@ -444,6 +446,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_sampling_args(p)
     add_logits_args(p)
+    add_template_args(p, tools=False)  # the datasets' chat prompts through it
 
 
 def _records(args: argparse.Namespace) -> list[PromptRecord]:
@@ -481,9 +484,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ValueError("--also-drafter none: the AR baseline runs anyway")
         other.check()
     sampling, logits = sampling_of(args), logits_of(args)
+    template = read_chat_template(args)
     records = _records(args)
     m = load(spec)
     verifier, drafter = m.verifier, m.drafter
+    if template is not None:
+        set_chat_template(verifier.tokenizer, template)
     others = [rt for rt in dict.fromkeys(args.also_drafter_runtime or ()) if rt != spec.drafter_runtime]
     peer_drafters = {
         f"drafter-{rt}": drafter_for(spec, verifier, dtype=m.dtype, costs=m.costs, runtime=rt)

@@ -31,12 +31,15 @@ __all__ = [
     "add_logits_args",
     "add_max_new_tokens",
     "add_sampling_args",
+    "add_template_args",
     "add_verifier_args",
     "at_least",
     "finite",
     "grammar_of",
     "int_list",
     "logits_of",
+    "read_chat_template",
+    "read_file_arg",
     "run_command",
     "run_main",
     "run_spec",
@@ -180,6 +183,24 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_template_args(p: argparse.ArgumentParser, *, tools: bool) -> None:
+    """A chat template in place of the model's and (`tools`) the call syntax to parse."""
+    p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template in place of the model's")
+    if tools:
+        from specdec.tools import SYNTAXES
+
+        p.add_argument(
+            "--tool-call-parser",
+            choices=sorted(SYNTAXES),
+            help="the model's tool call syntax (default: detected from its chat template)",
+        )
+
+
+def read_chat_template(args: argparse.Namespace) -> str | None:
+    """--chat-template's text, read before any model loads (one line where it cannot be)."""
+    return read_file_arg(args.chat_template, "--chat-template") if args.chat_template is not None else None
+
+
 def add_logits_args(p: argparse.ArgumentParser) -> None:
     """Logit bias and penalties, applied inside verification (`specdec.processors`)."""
     p.add_argument("--logit-bias", metavar="JSON", help='{"token id": bias, ...}, bias in [-100, 100]')
@@ -241,19 +262,20 @@ def _grammar_of(args: argparse.Namespace) -> GrammarSpec | None:
     if args.regex is not None:
         return GrammarSpec("regex", args.regex)
     if args.lark is not None:
-        return GrammarSpec("lark", _read(args.lark, "--lark"))
+        return GrammarSpec("lark", read_file_arg(args.lark, "--lark"))
     if args.json_schema is None:
         return None
     text = args.json_schema
     if not text.lstrip().startswith("{"):
-        text = _read(text, "--json-schema")
+        text = read_file_arg(text, "--json-schema")
     try:
         return GrammarSpec.json_schema(text)
     except ValueError as e:
         raise ValueError(f"--json-schema: {e}") from None
 
 
-def _read(path: str, flag: str) -> str:
+def read_file_arg(path: str, flag: str) -> str:
+    """The text of the file an option names (one line where it cannot be read)."""
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

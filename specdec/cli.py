@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
 
 from specdec.api import DRAFTER_RUNTIMES
 from specdec.args import (
@@ -14,16 +16,20 @@ from specdec.args import (
     add_logits_args,
     add_max_new_tokens,
     add_sampling_args,
+    add_template_args,
     add_verifier_args,
     at_least,
     finite,
     int_list,
     logits_of,
+    read_chat_template,
+    read_file_arg,
     run_main,
     run_spec,
     sampling_of,
 )
-from specdec.chat import check_messages, check_text
+from specdec.chat import check_messages, check_text, set_chat_template
+from specdec.processors import LogitsParams
 from specdec.records import check_output_dir, check_output_path, format_bytes
 
 
@@ -43,15 +49,36 @@ def summary_line(summary: dict) -> str:
     return " | ".join(parts)
 
 
-def _messages_arg(text: str) -> list[dict[str, str]]:
+def _json_arg(text: str, flag: str, check: Callable[[Any], Any], *, file_ok: bool = False) -> Any:
+    """An option's JSON (`file_ok`: or the name of a file holding it), checked by `check`; one line naming
+    the option where it is not."""
+    source = text if not file_ok or text.lstrip()[:1] in ("[", "{") else read_file_arg(text, flag)
     try:
-        messages = json.loads(text)
+        value = json.loads(source)
     except json.JSONDecodeError as e:
-        raise ValueError(f"--messages is not valid JSON ({e}); give a list of {{role, content}}") from None
+        raise ValueError(f"{flag} is not valid JSON ({e})") from None
     try:
-        return check_messages(messages)
+        return check(value)
     except ValueError as e:
-        raise ValueError(f"--messages: {e}") from None
+        raise ValueError(f"{flag}: {e}") from None
+
+
+def _messages_arg(text: str) -> list[dict[str, str]]:
+    return _json_arg(text, "--messages", check_messages)
+
+
+def _tools_arg(text: str) -> list[dict]:
+    """--tools: OpenAI's tools list, as JSON or a file holding it."""
+    from specdec.tools import check_tools
+
+    return _json_arg(text, "--tools", check_tools, file_ok=True)
+
+
+def _tool_choice_arg(text: str | None) -> Any:
+    """--tool-choice: auto, none, required, or a function's name."""
+    if text is None or text in ("auto", "none", "required"):
+        return text
+    return {"type": "function", "function": {"name": text}}
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -61,23 +88,63 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("give either --prompt TEXT or --messages JSON")
     if args.prompt == "":  # as the server refuses it: nothing to continue
         raise ValueError("--prompt is empty: give the text to continue (or --messages)")
+    if args.messages is None and (args.tools is not None or args.tool_choice is not None):
+        raise ValueError("--tools and --tool-choice go with --messages (a chat)")
     out = check_output_path(args.out) if args.out is not None else None  # before any work
     prompt = (
         _messages_arg(args.messages) if args.messages is not None else check_text(args.prompt, "--prompt")
     )
+    tools = _tools_arg(args.tools) if args.tools is not None else None
+    template = read_chat_template(args)
     sampling, logits = sampling_of(args), logits_of(args)
     m = load(run_spec(args))
-    cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling, logits=logits)
-    result = run(m.verifier, [prompt], drafter=m.drafter, cfg=cfg, out=out, progress=False)
-    from specdec.stream import text_decoder
+    if template is not None:
+        set_chat_template(m.verifier.tokenizer, template)
+    from specdec.chat import encode_prompt
+    from specdec.reply import ReplyFormat
+    from specdec.tools import ToolChoice
 
-    tokens, tok = result["prompts"][0]["output_tokens"], m.verifier.tokenizer
-    # the reply as a reader sees it: special tokens (the stop token that ended it) left out
-    print(text_decoder(tok)(tokens) if tok is not None else tokens)
+    fmt = ReplyFormat.of(m.verifier, tool_parser=args.tool_call_parser)
+    ids = encode_prompt(m.verifier, prompt, tools=tools)
+    if tools is not None:
+        choice = ToolChoice.parse(_tool_choice_arg(args.tool_choice))
+        grammar = fmt.tool_grammar(tools, choice, True, opened=fmt.opened(ids))
+        if grammar is not None and logits is not None and logits.grammar is not None:
+            raise ValueError("a forced --tool-choice and a structured-output option: give one")
+        if grammar is not None:
+            logits = replace(logits or LogitsParams(), grammar=grammar)
+    cfg = m.decode_config(max_new_tokens=args.max_new_tokens, sampling=sampling, logits=logits)
+    result = run(m.verifier, [ids], drafter=m.drafter, cfg=cfg, out=out, progress=False)
+    tokens = result["prompts"][0]["output_tokens"]
+    print(_reply_text(m.verifier, fmt, ids, tokens, tools=tools is not None, chat=args.messages is not None))
     print(summary_line(result["summary"]), file=sys.stderr)
     if out:
         print(f"result: {out}", file=sys.stderr)
     return 0
+
+
+def _reply_text(
+    verifier: Any, fmt: Any, prompt: list[int], tokens: list[int], *, tools: bool, chat: bool
+) -> str:
+    """The reply as a reader sees it: special tokens (the stop token that ended it) left out; a chat's
+    reasoning on stderr, its tool calls as one JSON line after the text."""
+    from specdec.stream import text_decoder
+
+    tok = verifier.tokenizer
+    if tok is None:
+        return str(tokens)
+    text = text_decoder(tok)(tokens)
+    if not chat:
+        return text
+    split = fmt.split(tools=tools, opened=fmt.opened(prompt))
+    reasoning, content = split.push(text, tokens)
+    more_reasoning, more_content, calls = split.finish()
+    if reasoning + more_reasoning:
+        print(f"reasoning: {reasoning + more_reasoning}", file=sys.stderr)
+    lines = [content + more_content] if (content + more_content) or not calls else []
+    if calls:
+        lines.append(json.dumps({"tool_calls": [c.to_openai() for c in calls]}, ensure_ascii=False))
+    return "\n".join(lines)
 
 
 def cmd_bench_verify(args: argparse.Namespace) -> int:
@@ -208,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_max_new_tokens(g, default=128)
     add_sampling_args(g)
     add_logits_args(g)
+    add_template_args(g, tools=True)
+    g.add_argument(
+        "--tools", metavar="FILE|JSON", help="OpenAI's tools list, offered through the chat template"
+    )
+    g.add_argument(
+        "--tool-choice", metavar="CHOICE", help="auto (default), none, required, or a function's name"
+    )
     g.add_argument("--out", help="write the result JSON here (steps go to <out>.steps.jsonl)")
     g.set_defaults(func=cmd_generate)
 

@@ -36,6 +36,7 @@ class ReasoningSyntax:
     end: str  # closes it; the answer follows
     label: str = ""  # written right after `start`, not part of the reasoning
     special: bool = False  # the tags are special tokens: split the text that keeps them
+    resume: str = ""  # written after `end` before the next message (harmony's header)
 
 
 REASONING_SYNTAXES = {
@@ -43,7 +44,9 @@ REASONING_SYNTAXES = {
     for s in [
         ReasoningSyntax("think", "<think>", "</think>"),
         ReasoningSyntax("gemma4", "<|channel>", "<channel|>", label="thought\n", special=True),
-        ReasoningSyntax("harmony", "<|channel|>analysis<|message|>", "<|end|>", special=True),
+        ReasoningSyntax(
+            "harmony", "<|channel|>analysis<|message|>", "<|end|>", special=True, resume="<|start|>assistant"
+        ),
     ]
 }
 

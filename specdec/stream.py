@@ -54,11 +54,14 @@ from specdec.engine import (
     decode,
     decode_config,
 )
+from specdec.grammar import GrammarSpec
 from specdec.lease import hold
 from specdec.processors import LogitsParams
 from specdec.protocols import Drafter, RollbackError, Verifier
 from specdec.records import PromptResult, StepRecord, summarize
+from specdec.reply import ReplyFormat, ReplySplit
 from specdec.sampling import SamplingParams
+from specdec.tools import ToolChoice, check_tools
 from specdec.tree import TreeBudget
 
 __all__ = [
@@ -171,6 +174,9 @@ class StreamResult:
     stop_string: str | None = None
     ttft_s: float | None = None  # wall clock from the start of the run (rollback included) to the first token
     wall_s: float = 0.0
+    #: a chat prompt's reply as an OpenAI assistant message: "content", and where the model wrote them
+    #: "reasoning_content" (a thinking model's) and "tool_calls"; None for a text or token prompt
+    message: dict[str, Any] | None = None
 
     def prompt_result(self, prompt_id: str = "0") -> PromptResult:
         return PromptResult(
@@ -199,6 +205,9 @@ class StreamEvent:
     tokens: list[int]  # tokens committed in this step
     step: StepRecord | None  # None on the closing event of a cancelled run
     result: StreamResult | None = None  # on the last event only
+    # a chat prompt's delta split: reasoning apart, and content without tool calls (held until they parse)
+    reasoning: str = ""
+    content: str = ""
 
 
 # ---- the engine ------------------------------------------------------------------------------------------
@@ -229,6 +238,7 @@ class StreamingEngine:
         self.drafter = self._base.drafting(drafter)  # None: the AR baseline
         tok = verifier.tokenizer
         self._decode = text_decoder(tok) if tok is not None else None
+        self._reply_format: ReplyFormat | None = None  # read on first use
         self._lock = threading.Lock()
         self._vtokens: list[int] | None = None  # what the verifier cache holds; None: unknown
         self._dtokens: list[int] | None = None  # what the drafter's context holds; None: unknown
@@ -268,10 +278,24 @@ class StreamingEngine:
         cancel: threading.Event | None = None,
         logits: LogitsParams | None = None,
         logprobs: int | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool = True,
+        response_format: Mapping[str, Any] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> Stream:
         """Start a run (work happens as the Stream is iterated); `logits`: bias, penalties, grammar (applied
-        inside verification); `logprobs` k: `StepRecord.logprobs`, top k. Errors a user causes raise here."""
-        ids = self.encode(prompt)
+        inside verification); `logprobs` k: `StepRecord.logprobs`, top k. Errors a user causes raise here.
+        Chat prompts only: `tools` (OpenAI's) through the chat template, `tool_choice` "auto" / "none" /
+        "required" / {"type": "function", "function": {"name"}} (the last two forced valid by a grammar),
+        `parallel_tool_calls`; `response_format` as OpenAI's (json_object, json_schema); `template_kwargs`
+        to the template (e.g. enable_thinking). The reply's split is on each event (`reasoning`, `content`)
+        and in `result.message`."""
+        chat = not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], Mapping)
+        tools = check_tools(tools) if tools is not None else None
+        ids = self.encode(prompt, tools=tools, template_kwargs=template_kwargs)
+        opened = chat and self._decode is not None and self.reply_format.opened(ids)
+        logits = self._constrained(logits, tools, tool_choice, parallel_tool_calls, response_format, opened)
         stops = tuple([stop] if isinstance(stop, str) else (stop or ()))
         if not all(isinstance(s, str) for s in stops):
             raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
@@ -280,7 +304,49 @@ class StreamingEngine:
         check_request(self.verifier, ids, self.drafter, cfg)
         if stops and self._decode is None:
             raise ValueError(f"stop strings need a tokenizer; verifier {self.verifier.model_name!r} has none")
-        return Stream(self, ids, cfg, stops, cancel or threading.Event())
+        split = None
+        if chat and self._decode is not None:
+            split = self.reply_format.split(tools=tools is not None, opened=opened)
+        return Stream(self, ids, cfg, stops, cancel or threading.Event(), split)
+
+    @property
+    def reply_format(self) -> ReplyFormat:
+        """How the verifier writes reasoning and tool calls (`specdec.reply`), read from its chat template;
+        `set_reply_format` to name a call syntax."""
+        if self._reply_format is None:
+            self._reply_format = ReplyFormat.of(self.verifier)
+        return self._reply_format
+
+    def set_reply_format(self, *, tool_parser: str | None = None) -> None:
+        """Read the reply format again (after a chat template change); `tool_parser` names the call syntax."""
+        self._reply_format = ReplyFormat.of(self.verifier, tool_parser=tool_parser)
+
+    def _constrained(
+        self,
+        logits: LogitsParams | None,
+        tools: list[dict] | None,
+        tool_choice: Any,
+        parallel: bool,
+        response_format: Mapping[str, Any] | None,
+        opened: bool,
+    ) -> LogitsParams | None:
+        """`logits` with the grammar that a forced tool choice or `response_format` asks for (`opened`: the
+        prompt opened a thinking model's reasoning)."""
+        grammar = None
+        if tools is not None:
+            choice = ToolChoice.parse(tool_choice)
+            grammar = self.reply_format.tool_grammar(tools, choice, parallel, opened=opened)
+        elif tool_choice is not None:
+            raise ValueError("tool_choice is given without tools")
+        if response_format is not None:
+            if grammar is not None:
+                raise ValueError("give a forced tool_choice or response_format, not both")
+            grammar = GrammarSpec.from_request({"response_format": response_format})
+        if grammar is None:
+            return logits
+        if logits is not None and logits.grammar is not None:
+            raise ValueError("logits already holds a grammar: give it, tools or response_format, not two")
+        return replace(logits or LogitsParams(), grammar=grammar)
 
     def complete(self, prompt: Prompt, **kw: Any) -> StreamResult:
         """Run to the end; the StreamResult."""
@@ -468,8 +534,11 @@ class Stream:
         cfg: DecodeConfig,
         stops: tuple[str, ...],
         cancel: threading.Event,
+        split: ReplySplit | None = None,
     ) -> None:
         self.prompt_ids = ids
+        self._split = split
+        self._said = ("", "")  # the reasoning and content the split gave so far
         self.result: StreamResult | None = None
         self._cancel = cancel
         self._gen = engine._run(ids, cfg, stops, self)
@@ -481,8 +550,14 @@ class Stream:
 
     def __next__(self) -> StreamEvent:
         ev = next(self._gen)
+        if self._split is None:
+            ev.content = ev.delta
+        else:
+            ev.reasoning, ev.content = self._split.push(ev.delta, ev.tokens)
+            self._said = (self._said[0] + ev.reasoning, self._said[1] + ev.content)
         if ev.result is not None:
-            self._finished()
+            more_reasoning, more_content = self._finished()  # what the split held back to the end
+            ev.reasoning, ev.content = ev.reasoning + more_reasoning, ev.content + more_content
         return ev
 
     def cancel(self) -> None:
@@ -507,11 +582,26 @@ class Stream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _finished(self) -> None:
+    def _finished(self) -> tuple[str, str]:
+        """Runs once, at the end: the reply's message, the callbacks; (reasoning, content) held to the end."""
+        tail = ("", "")
         if not self._done and self.result is not None:
             self._done = True
+            if self._split is not None:
+                reasoning, content, calls = self._split.finish()
+                tail = (reasoning, content)
+                message = {
+                    "role": "assistant",
+                    "content": (self._said[1] + content) or (None if calls else ""),
+                }
+                if self._split.reasoning is not None:
+                    message["reasoning_content"] = (self._said[0] + reasoning) or None
+                if calls:
+                    message["tool_calls"] = [c.to_openai() for c in calls]
+                self.result.message = message
             for f in self._on_done:
                 f(self.result)
+        return tail
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._aiter()
@@ -563,22 +653,25 @@ class ChatSession:
     """A conversation on one StreamingEngine: each `send` appends the user message, streams the reply, and
     appends it (also a cancelled, partial one) to `messages`; the cache keeps the conversation so the next
     turn only prefills its new tokens. Another prompt on the same engine between turns is correct but
-    evicts the conversation from the cache."""
+    evicts the conversation from the cache. With `tools`, a reply that calls them is appended with its
+    `tool_calls`; `tool_result` appends each call's result and `send(None)` lets the model go on."""
 
     engine: StreamingEngine
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
     system: str | None = None
+    tools: list[dict[str, Any]] | None = None  # OpenAI's tools, offered on every turn
 
     def __post_init__(self) -> None:
         if self.system is not None and not self.messages:
             self.messages.append({"role": "system", "content": self.system})
 
-    def send(self, content: str, **kw: Any) -> Stream:
-        """Stream the reply to `content`; kwargs as `StreamingEngine.stream` (max_tokens, sampling, logits,
-        logprobs, stop, cancel)."""
-        msgs = [*self.messages, {"role": "user", "content": content}]
+    def send(self, content: str | None, **kw: Any) -> Stream:
+        """Stream the reply to `content` (None: to the conversation as it is, e.g. after tool results);
+        kwargs as `StreamingEngine.stream` (max_tokens, sampling, logits, logprobs, stop, cancel,
+        tool_choice, template_kwargs...)."""
+        msgs = [*self.messages, *([{"role": "user", "content": content}] if content is not None else [])]
         try:
-            s = self.engine.stream(msgs, **kw)
+            s = self.engine.stream(msgs, **{"tools": self.tools, **kw})
         except ValueError as e:
             if "leaves no room" in str(e):
                 raise ValueError(
@@ -589,10 +682,18 @@ class ChatSession:
         s._on_done.append(lambda r: self._append(msgs, r))
         return s
 
-    def _append(self, msgs: list[dict[str, str]], r: StreamResult) -> None:
-        self.messages = [*msgs, {"role": "assistant", "content": r.text}]
+    def _append(self, msgs: list[dict[str, Any]], r: StreamResult) -> None:
+        calls = (r.message or {}).get("tool_calls")
+        # the reply's text whole (the cache holds it so) unless it called tools: then the calls, as templates
+        # render them back
+        reply = {"role": "assistant", "content": r.text} if not calls else {**r.message}
+        self.messages = [*msgs, reply]
+
+    def tool_result(self, call_id: str, content: str) -> None:
+        """Append a tool call's result (`call_id`: its "id" in the reply's `tool_calls`)."""
+        self.messages = [*self.messages, {"role": "tool", "tool_call_id": call_id, "content": content}]
 
     def prompt_ids(self, next_user: str | None = None) -> list[int]:
         """The ids the next turn's prompt would have (for checks and measurements)."""
         msgs = self.messages + ([{"role": "user", "content": next_user}] if next_user is not None else [])
-        return self.engine.encode(msgs)
+        return self.engine.encode(msgs, tools=self.tools)

@@ -212,7 +212,9 @@ class CallForm:
     after: str = ""
     single: bool = False
 
-    def lark(self, tools: Sequence[Mapping], many: bool, special: Mapping[str, int]) -> str:
+    def lark(self, tools: Sequence[Mapping], many: bool, special: Mapping[str, int], lead: str = "") -> str:
+        """The Lark grammar; `lead`: rules whose `lead` expression may come before the calls (a thinking
+        model's reasoning)."""
         rules = {}
         alts = []
         for i, t in enumerate(tools):
@@ -227,7 +229,8 @@ class CallForm:
         )
         ends = [_lit(x, special) for x in (self.before, self.after)]
         body = "".join(f"{n}: {b}\n" for n, b in rules.items())
-        return f"start: {ends[0]} {calls} {ends[1]}\ncall: {' | '.join(alts)}\n{body}"
+        first = "lead " if lead else ""
+        return f"start: {first}{ends[0]} {calls} {ends[1]}\ncall: {' | '.join(alts)}\n{body}{lead}"
 
     def args(self, tool: Mapping, prefix: str, special: Mapping[str, int], rules: dict[str, str]) -> str:
         """The grammar of one function's arguments (rules it needs added to `rules`)."""
@@ -332,8 +335,15 @@ def detect_syntax(template: str | None) -> Syntax | None:
     return None
 
 
-#: the special tokens call syntaxes are written in (a tokenizer that has one as a token gets it so)
+#: the special tokens reasoning and call syntaxes are written in (a tokenizer that has one as a token gets
+#: it so)
 SPECIAL = (
+    "<think>",
+    "</think>",
+    "<|channel>",
+    "<channel|>",
+    "<|start|>",
+    "<|end|>",
     "<|channel|>",
     "<|constrain|>",
     "<|message|>",
@@ -360,14 +370,34 @@ def tool_grammar(
     parallel: bool,
     *,
     special: Mapping[str, int] | None = None,
+    reasoning: Any = None,
+    opened: bool = False,
 ) -> GrammarSpec:
     """The grammar of a reply that is nothing but valid calls (of `choice.name` alone where named): each
     call's arguments validate against its function's parameter schema. `special`: the syntax's special
-    tokens by id (`special_ids`), so the model writes them as the tokens it was trained on."""
+    tokens by id (`special_ids`), so the model writes them as the tokens it was trained on. `reasoning`: a
+    thinking model's syntax (`specdec.reasoning.ReasoningSyntax`), whose reasoning may come first (must
+    close first where the prompt `opened` it)."""
     pick = [t for t in tools if choice.name in (None, t["function"]["name"])]
     if not pick:
         raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
-    return GrammarSpec("lark", syntax.form.lark(pick, parallel and choice.name is None, special or {}))
+    lead = _lead(reasoning, opened, special or {}) if reasoning is not None else ""
+    return GrammarSpec("lark", syntax.form.lark(pick, parallel and choice.name is None, special or {}, lead))
+
+
+def _lead(reasoning: Any, opened: bool, special: Mapping[str, int]) -> str:
+    """The rules of the reasoning a thinking model may write before forced calls: its text up to the end
+    tag (one lazy lexeme where the tag is text: it ends at the tag's first occurrence), then what the
+    syntax writes before the next message."""
+    end = _lit(reasoning.end, special)
+    if end.startswith("<["):  # a special token: the text's lexeme ends where it comes
+        think = f"think: /(.|\\n)*/ {end}\n"
+    else:
+        tag = re.escape(reasoning.end).replace("/", "\\/")
+        think = f"think[lazy]: /(.|\\n)*{tag}/\n"
+    resume = _lit(reasoning.resume, special) or '"\\n"*'
+    body = f"think {resume}" if opened else f"({_lit(reasoning.start, special)} think {resume})?"
+    return f"lead: {body}\n{think}"
 
 
 class ToolStream:

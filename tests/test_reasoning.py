@@ -173,27 +173,23 @@ def test_reasoning_then_a_call_in_special_tokens_whatever_the_steps(tmp_path) ->
     from tinymodels import tiny_tokenizer
     from transformers import AutoTokenizer
 
-    from specdec.serve.app import _Split
-    from specdec.serve.worker import _without_special_tokens
-    from specdec.tools import SYNTAXES
+    from specdec.reply import ReplyFormat
 
     tok = AutoTokenizer.from_pretrained(
         tiny_tokenizer(tmp_path, chat_template=GEMMA_TEMPLATE, more=GEMMA_MARKS)
     )
-    raw = lambda ids: tok.decode(list(ids), skip_special_tokens=False)  # noqa: E731
-    gemma = REASONING_SYNTAXES["gemma4"]
-    worker = SimpleNamespace(reasoning=gemma, tool_syntax=SYNTAXES["gemma4"], stop_ids={1}, raw_text=raw,
-                             clean_text=_without_special_tokens(tok))  # fmt: skip
+    fmt = ReplyFormat.of(SimpleNamespace(tokenizer=tok, eos_token_ids=[1]))  # read from the template
+    assert (fmt.reasoning.name, fmt.calls.name) == ("gemma4", "gemma4")
     reply = "<|channel>thought\nCheck the time.<channel|>"
     reply += '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>'
     ids = [*tok.encode(reply, add_special_tokens=False), 1]
     assert sum(i >= 261 for i in ids) == 6  # the marks are single tokens
     rng = random.Random(0)
     for _ in range(30):
-        split = _Split(worker, SimpleNamespace(reasoning_opened=False, tools=[]), True)
+        split = fmt.split(tools=True)
         cuts = sorted(rng.sample(range(1, len(ids)), rng.randrange(1, 10)))
         out = [split.push("", ids[a:b]) for a, b in zip([0, *cuts], [*cuts, len(ids)])]
-        thought, rest, calls = split.finish(worker.raw_text(ids[:-1]))
+        thought, rest, calls = split.finish()
         assert "".join(r for r, _ in out) + thought == "Check the time."
         assert "".join(c for _, c in out) + rest == ""
         assert [(c.name, c.arguments) for c in calls] == [("get_time", '{"zone": "UTC"}')]

@@ -307,16 +307,17 @@ def _fn(schema: dict, name: str = "f") -> dict:
     return {"type": "function", "function": {"name": name, "parameters": schema}}
 
 
-def _accepts(source: str, text: str) -> bool:
-    """Whether the Lark grammar `source` accepts `text` whole (the stub's byte tokens)."""
+def _accepts(source: str, text: str, v=None) -> bool:
+    """Whether the Lark grammar `source` accepts `text` whole in `v`'s tokens (default: the stub's)."""
     import llguidance
 
     from specdec.grammar import grammar_tokenizer
 
-    v = StubVerifier()
+    v = v or StubVerifier()
     tok = grammar_tokenizer(v.tokenizer, v.vocab_size, sorted(v.eos_token_ids))
     m = llguidance.LLMatcher(tok, llguidance.grammar_from("lark", source), log_level=1)
-    ids = v.tokenizer.encode(text)[1:]  # without the BOS
+    stub = isinstance(v, StubVerifier)
+    ids = v.tokenizer.encode(text)[1:] if stub else v.tokenizer.encode(text, add_special_tokens=False)
     return m.consume_tokens(ids) and m.is_accepting()
 
 
@@ -369,7 +370,7 @@ def test_forced_calls_write_the_syntax_in_its_special_tokens(tmp_path) -> None:
     from specdec.tools import special_ids
     from specdec.verifiers.hf import HFVerifier
 
-    marks = ["<|tool_call>", "<tool_call|>", '<|"|>']
+    marks = ["<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>"]
     v = HFVerifier(tiny_tokenizer(tiny_llama(tmp_path / "m"), chat_template=GEMMA_TEMPLATE, more=marks))
     special = special_ids(v.tokenizer)
     assert sorted(special) == sorted(marks)
@@ -385,3 +386,119 @@ def test_forced_calls_write_the_syntax_in_its_special_tokens(tmp_path) -> None:
     assert calls
     for c in calls:
         _valid(c)
+
+
+@pytest.mark.hf
+def test_the_python_api_tools_loop(tool_model) -> None:
+    """Without HTTP: a ChatSession with tools; a forced call comes back in `result.message["tool_calls"]`
+    (valid, and no call text in the streamed content), goes into the conversation with its result, and the
+    model answers in text; `response_format` on `StreamingEngine.stream`; contradictory options refused."""
+    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.stream import ChatSession, StreamingEngine
+    from specdec.verifiers.hf import HFVerifier
+
+    engine = StreamingEngine(HFVerifier(tool_model), PromptLookupDrafter(block_size=6))
+    chat = ChatSession(engine, tools=TOOLS)
+    s = chat.send("What is the weather in Oslo?", tool_choice="required", max_tokens=120)
+    events = list(s)
+    calls = s.result.message["tool_calls"]
+    assert s.result.finish_reason == "stop" and calls, s.result.text
+    for c in calls:
+        _valid(ToolCall(c["function"]["name"], c["function"]["arguments"]))
+    assert "".join(e.content for e in events) == "" and s.result.message["content"] is None
+    assert chat.messages[-1]["tool_calls"] == calls
+    for c in calls:
+        chat.tool_result(c["id"], "12 degrees, clear")
+    final = chat.send(None, max_tokens=12)
+    text = "".join(e.content for e in final)
+    assert (
+        text == final.result.message["content"] == final.result.text and "tool_calls" not in chat.messages[-1]
+    )
+    assert "<tool_response>12 degrees, clear</tool_response>" in engine.verifier.tokenizer.decode(
+        chat.prompt_ids()
+    )
+    msgs = [{"role": "user", "content": "JSON please"}]
+    schema = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER}}
+    r = engine.complete(msgs, response_format=schema, max_tokens=200)
+    assert r.finish_reason == "stop", r.text
+    _valid(ToolCall("get_weather", r.text))
+    for kw, says in [({"tool_choice": "required"}, "without tools"),
+                     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+                      "not both"),
+                     ({"tools": [{"type": "x"}]}, r"tools\[0\] must be")]:  # fmt: skip
+        with pytest.raises(ValueError, match=says):
+            engine.stream(msgs, **kw)
+
+
+@pytest.mark.hf
+def test_generate_takes_a_template_and_tools(tmp_path, capsys) -> None:
+    """`specdec generate --messages ... --chat-template FILE --tools JSON --tool-choice NAME`: the template
+    in place of the model's (which has none), the forced call printed as one JSON line that validates;
+    --tools without --messages, and a --tools that is not a tools list, refused in one line."""
+    pytest.importorskip("transformers")
+    from tinymodels import tiny_llama, tiny_tokenizer
+
+    from specdec.cli import main
+
+    model = tiny_tokenizer(tiny_llama(tmp_path / "m"), bos=1, eos=2)  # no chat template of its own
+    template = tmp_path / "hermes.jinja"
+    template.write_text(HERMES_TEMPLATE)
+    msgs = json.dumps([{"role": "user", "content": "Time in Oslo?"}])
+    base = ["generate", "--verifier", "hf", "--model", str(model), "--drafter", "prompt-lookup",
+            "--max-new-tokens", "120"]  # fmt: skip
+    assert main([*base, "--messages", msgs, "--chat-template", str(template), "--tools", json.dumps(TOOLS),
+                 "--tool-choice", "get_time"]) == 0  # fmt: skip
+    calls = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
+    _valid(ToolCall("get_time", calls[0]["function"]["arguments"]))
+    for extra, says in [(["--prompt", "hi", "--tools", json.dumps(TOOLS)], "go with --messages"),
+                        (["--messages", msgs, "--tools", "[1]"], "--tools: tools[0] must be"),
+                        (["--messages", msgs, "--tools", str(tmp_path / "no")], "--tools: cannot read"),
+                        (["--messages", msgs, "--tools", "[1"], "--tools is not valid JSON")]:  # fmt: skip
+        assert main([*base, *extra]) == 2
+        assert says in capsys.readouterr().err
+
+
+def test_a_thinking_model_may_reason_before_a_forced_call(tmp_path) -> None:
+    """Under a forced tool choice a thinking model may reason first: where the prompt opened the reasoning
+    the reply must close it before its calls, else reasoning is optional; the tag is text (`<think>`, a
+    lazy lexeme ending at its first occurrence) or a special token (Gemma 4's channel). The split then gives
+    the reasoning apart and the calls parsed, not swallowed into the reasoning."""
+    from specdec.reasoning import REASONING_SYNTAXES
+    from specdec.reply import ReplyFormat
+
+    think, hermes = REASONING_SYNTAXES["think"], SYNTAXES["hermes"]
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+
+    def grammar(opened: bool, syntax=hermes, reasoning=think, special=None) -> str:
+        g = tool_grammar(syntax, TOOLS, ToolChoice("required"), False, reasoning=reasoning, opened=opened,
+                         special=special)  # fmt: skip
+        return g.source
+
+    assert _accepts(grammar(True), f"Check: a < b, </thin.</think>\n\n{call}")
+    assert not _accepts(grammar(True), call)  # the opened reasoning must close first
+    assert not _accepts(grammar(True), f"x</think>y</think>{call}")  # it ends at the first end tag
+    assert _accepts(grammar(False), call) and _accepts(grammar(False), f"<think>hm</think>\n{call}")
+    v = StubVerifier()
+    fmt = ReplyFormat(reasoning=think, calls=hermes, marks={}, raw_text=v.tokenizer.decode, clean_text=str,
+                      stop_ids=v.eos_token_ids)  # fmt: skip
+    split = fmt.split(tools=True, opened=True)
+    reply = f"Check the time.</think>\n\n{call}"
+    out = [split.push(reply[:9], []), split.push(reply[9:], [])]
+    thought, rest, calls = split.finish()
+    assert (
+        "".join(r for r, _ in out) + thought == "Check the time." and "".join(c for _, c in out) + rest == ""
+    )
+    assert [c.name for c in calls] == ["get_time"]
+    pytest.importorskip("transformers")  # Gemma 4's channel in special tokens
+    from tinymodels import tiny_llama, tiny_tokenizer
+
+    from specdec.tools import special_ids
+    from specdec.verifiers.hf import HFVerifier
+
+    marks = ["<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>"]
+    hf = HFVerifier(tiny_tokenizer(tiny_llama(tmp_path / "m"), more=marks))
+    g = grammar(False, SYNTAXES["gemma4"], REASONING_SYNTAXES["gemma4"], special_ids(hf.tokenizer))
+    gcall = '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>'
+    assert _accepts(g, f"<|channel>thought\nHm, a <channel| b.<channel|>{gcall}", hf)
+    assert _accepts(g, gcall, hf) and not _accepts(g, f"<|channel>thought\nHm{gcall}", hf)

@@ -9,10 +9,10 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from specdec.reasoning import reasoning_stream
+from specdec.reply import ReplySplit
 from specdec.sampling import SamplingParams
 from specdec.serve.anthropic import MessageStream, message_body, stop_reason, to_openai
 from specdec.serve.anthropic import error_body as anthropic_error_body
@@ -29,7 +29,6 @@ from specdec.serve.protocol import (
 )
 from specdec.serve.worker import Job, Worker
 from specdec.stream import StreamingEngine
-from specdec.tools import ToolCall, ToolStream
 
 __all__ = ["BYTES_PER_POSITION", "build_app", "request_bytes_for"]
 
@@ -145,55 +144,6 @@ def _delta(chunk: dict, delta: dict) -> dict:
     return chunk
 
 
-class _RawText:
-    """A reply's text with special tokens kept, as its tokens come (stop tokens left out): each push gives
-    the new text once it is whole (a character split across tokens waits for its last byte)."""
-
-    def __init__(self, decode: Callable[[Sequence[int]], str], stops: Collection[int]) -> None:
-        self.decode, self.stops, self.ids, self.start, self.read = decode, stops, [], 0, 0
-
-    def push(self, tokens: Sequence[int]) -> str:
-        self.ids += [t for t in tokens if t not in self.stops]
-        # decode from a few tokens back, so a token whose text depends on the one before comes out right
-        before, now = self.decode(self.ids[self.start : self.read]), self.decode(self.ids[self.start :])
-        if now.endswith("\ufffd") or len(now) < len(before):
-            return ""
-        self.start, self.read = self.read, len(self.ids)
-        return now[len(before) :]
-
-
-class _Split:
-    """A reply's text as it streams, split into reasoning (a thinking model's) and content, and the content
-    into text and tool calls (held back until they parse). Where the reasoning or call syntax is made of
-    special tokens, the split reads the text that keeps them, and what goes out has them taken away."""
-
-    def __init__(self, worker: Worker, params: Any, chat: bool) -> None:
-        syntax = worker.reasoning if chat else None
-        self.reasoning = reasoning_stream(syntax, opened=params.reasoning_opened) if syntax else None
-        self.tools = ToolStream(worker.tool_syntax) if params.tools is not None else None
-        special = any(x is not None and x.special for x in (syntax, self.tools and self.tools.syntax))
-        self.raw = _RawText(worker.raw_text, worker.stop_ids) if special else None
-        self.clean = worker.clean_text if special else str
-
-    def push(self, delta: str, tokens: Sequence[int]) -> tuple[str, str]:
-        """(reasoning, content) that can go out now, given an event's text and tokens."""
-        return self._text(self.raw.push(tokens) if self.raw is not None else delta)
-
-    def _text(self, delta: str) -> tuple[str, str]:
-        thought, delta = self.reasoning.push(delta) if self.reasoning else ("", delta)
-        return self.clean(thought), self.clean(self.tools.push(delta) if self.tools else delta)
-
-    def finish(self, raw: str) -> tuple[str, str, list[ToolCall]]:
-        """(reasoning, content, calls) left at the end; `raw`: the reply with special tokens kept."""
-        thought, rest = self.reasoning.finish() if self.reasoning else ("", "")
-        thought, rest = self.clean(thought), self.clean(rest)
-        if self.tools is None:
-            return thought, rest, []
-        more = self.tools.push(rest)
-        tail, calls = self.tools.finish(raw if self.tools.syntax.special else None)
-        return thought, self.clean(more + tail), calls
-
-
 class _Routes:
     """The app's handlers, over one worker."""
 
@@ -290,9 +240,9 @@ class _Routes:
                     break
             result, stats = payload
             lp = logprobs_body(chat, entries, self.worker.spell) if job.params.logprobs is not None else None
-            split = _Split(self.worker, job.params, chat)
+            split = self._split(job, chat)
             reasoning, content = split.push("".join(text), tokens)
-            more_r, more_c, calls = split.finish(self._raw(tokens))
+            more_r, more_c, calls = split.finish()
             body = response_body(chat, self.model, content + more_c, result, stats, lp)
             if chat and split.reasoning is not None:
                 body["choices"][0]["message"]["reasoning_content"] = (reasoning + more_r) or None
@@ -317,7 +267,7 @@ class _Routes:
             return chunk(job_id, chat, created, self.model, delta, finish, lp)
 
         offset = 0  # completions' text_offset: the text streamed before
-        split = _Split(self.worker, job.params, chat)
+        split = self._split(job, chat)
         tokens: list[int] = []
 
         try:
@@ -347,7 +297,7 @@ class _Routes:
                 elif kind == "done":
                     result, stats = payload
                     finish = finish_reason(result)
-                    thought, rest, calls = split.finish(self._raw(tokens))
+                    thought, rest, calls = split.finish()
                     if thought:
                         yield data(_delta(piece(None, None), {"reasoning_content": thought}))
                     if rest:
@@ -363,11 +313,10 @@ class _Routes:
         finally:
             job.cancel.set()  # the client left (or we are done: then a no-op)
 
-    def _raw(self, tokens: list[int]) -> str:
-        """The reply's text with special tokens kept (a stop token that ended it left out)."""
-        if tokens and tokens[-1] in self.worker.stop_ids:
-            tokens = tokens[:-1]
-        return self.worker.raw_text(tokens)
+    def _split(self, job: Job, chat: bool) -> ReplySplit:
+        """The splitter of the job's reply into reasoning, content and tool calls."""
+        p = job.params
+        return self.worker.format.split(tools=p.tools is not None, opened=p.reasoning_opened, chat=chat)
 
     def _logprobs_of(self, job: Job, ev: Any) -> list:
         """The logprobs of an event's tokens where the request asked (a stop token that ended it left out:
@@ -375,7 +324,7 @@ class _Routes:
         if job.params.logprobs is None or ev.step is None or not ev.step.logprobs:
             return []
         entries = ev.step.logprobs
-        if ev.step.finish_reason == "stop" and entries[-1].token in self.worker.stop_ids:
+        if ev.step.finish_reason == "stop" and entries[-1].token in self.worker.format.stop_ids:
             entries = entries[:-1]
         return entries
 
@@ -388,7 +337,7 @@ class _Routes:
             return started
         job, watcher, payload = started
         try:
-            split, tokens, stream = _Split(self.worker, job.params, True), [], None
+            split, tokens, stream = self._split(job, True), [], None
             thought, text = [], []
             if job.params.stream:
                 watcher.cancel()
@@ -408,7 +357,7 @@ class _Routes:
                 elif kind == "done":
                     break
             result, _ = payload
-            r, c, calls = split.finish(self._raw(tokens))
+            r, c, calls = split.finish()
             reason = stop_reason(finish_reason(result), calls, result.stop_string)
             thinking, content = "".join(thought) + r, "".join(text) + c
             body = message_body(self.model, thinking, content, calls, reason, usage(result))
@@ -418,7 +367,7 @@ class _Routes:
             if not job.params.stream:
                 job.cancel.set()
 
-    async def _message_events(self, job: Job, split: _Split, ms: MessageStream) -> AsyncIterator[str]:
+    async def _message_events(self, job: Job, split: ReplySplit, ms: MessageStream) -> AsyncIterator[str]:
         tokens: list[int] = []
         try:
             yield ms.start()
@@ -435,7 +384,7 @@ class _Routes:
                     break
                 elif kind == "done":
                     result, _ = payload
-                    r, c, calls = split.finish(self._raw(tokens))
+                    r, c, calls = split.finish()
                     yield (ms.thinking(r) if r else "") + (ms.text(c) if c else "")
                     yield "".join(ms.tool_use(call) for call in calls)
                     reason = stop_reason(finish_reason(result), calls, result.stop_string)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
 from specdec.api import load
 from specdec.args import (
     add_drafter_args,
     add_sampling_args,
+    add_template_args,
     add_verifier_args,
     at_least,
     or_auto,
+    read_chat_template,
     run_spec,
     sampling_of,
 )
@@ -23,7 +24,6 @@ from specdec.drafting.spec import DrafterSpec
 from specdec.extras import require
 from specdec.serve.app import BYTES_PER_POSITION, build_app
 from specdec.stream import StreamingEngine
-from specdec.tools import SYNTAXES
 
 __all__ = ["add_serve_args", "cmd_serve", "listen_socket"]
 
@@ -53,12 +53,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "docs/batching.md); auto (default): as many as raise the rate measured at start, 1 where "
         "a batch cannot be exact",
     )  # fmt: skip
-    p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template in place of the model's")
-    p.add_argument(
-        "--tool-call-parser",
-        choices=sorted(SYNTAXES),
-        help="the model's tool call syntax (default: detected from its chat template)",
-    )
+    add_template_args(p, tools=True)
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
     p.set_defaults(min_confidence=None)  # `_min_confidence`: as the main job where not given
 
@@ -94,12 +89,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
     import uvicorn
 
     sampling = sampling_of(args)
-    template = None
-    if args.chat_template is not None:  # read before any model loads
-        try:
-            template = Path(args.chat_template).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"--chat-template: cannot read {args.chat_template!r}: {e}") from None
+    template = read_chat_template(args)  # before any model loads
     args.min_confidence = _min_confidence(args)
     spec = run_spec(args)
     batchable = spec.tree is None

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdec.chat import chat_template
 from specdec.processors import LogitsParams
-from specdec.reasoning import ThinkingBudget, detect_reasoning
+from specdec.reasoning import ThinkingBudget
 from specdec.serve.metrics import Metrics, request_stats
 from specdec.serve.protocol import Params, RequestError, error_body
 from specdec.stream import StreamingEngine
-from specdec.tools import SYNTAXES, detect_syntax, special_ids, tool_grammar
 
 __all__ = ["Job", "Worker"]
 
@@ -70,18 +67,6 @@ class TokenSpeller:
         return self._spell(token)
 
 
-def _without_special_tokens(tokenizer: Any) -> Callable[[str], str]:
-    """text -> the text without the tokenizer's special tokens (as decoding that skips them gives it)."""
-    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
-    found |= {
-        t.content for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values() if t.special
-    }
-    if not found:
-        return str
-    pattern = re.compile("|".join(map(re.escape, sorted(found, key=len, reverse=True))))
-    return lambda text: pattern.sub("", text)
-
-
 class Worker:
     """One thread per engine; at most `max_queue` requests wait for a free one (0: none wait). Engines on
     sequences of one batch run their requests' verifies together (`engine.decode`).
@@ -107,16 +92,10 @@ class Worker:
         self.max_queue = max_queue
         self.metrics = Metrics()
         self.spell = TokenSpeller(self.engine.verifier)
-        self.stop_ids = self.engine.verifier.eos_token_ids
-        tok = self.engine.verifier.tokenizer
-        self.tool_syntax = SYNTAXES[tool_parser] if tool_parser else detect_syntax(chat_template(tok))
-        self.reasoning = detect_reasoning(chat_template(tok))
-        self.special = special_ids(tok)  # the call syntax's special tokens, for forced calls' grammars
-        self.clean_text = _without_special_tokens(tok)
-        # the text of tokens with the special ones kept (a call syntax may be made of them)
-        self.raw_text: Callable[[Sequence[int]], str] = lambda ids: tok.decode(list(ids))
-        if hasattr(tok, "convert_ids_to_tokens") or hasattr(getattr(tok, "_tokenizer", None), "decode"):
-            self.raw_text = lambda ids: tok.decode(list(ids), skip_special_tokens=False)
+        if tool_parser is not None:
+            for e in self.engines:
+                e.set_reply_format(tool_parser=tool_parser)
+        self.format = self.engine.reply_format
         self.running: set[Job] = set()
         self.error: BaseException | None = None
         self._on_death = on_death
@@ -194,32 +173,30 @@ class Worker:
     def _with_tool_grammar(self, p: Params) -> Params:
         """The request with the model's call syntax known, and under `tool_choice` "required" or a named
         function the grammar of a reply that is only valid calls."""
-        if self.tool_syntax is None:
-            raise RequestError(
-                "this model's chat template writes tool calls in a syntax we do not parse: name one with "
-                f"--tool-call-parser ({', '.join(SYNTAXES)})",
-                param="tools",
-            )
+        try:
+            self.format.call_syntax()
+        except ValueError as e:
+            raise RequestError(str(e), param="tools") from None
         if p.tool_choice.mode not in ("required", "named"):
             return p
         try:
-            tools, choice, many = p.tools or [], p.tool_choice, p.parallel_tool_calls
-            grammar = tool_grammar(self.tool_syntax, tools, choice, many, special=self.special)
+            grammar = self.format.tool_grammar(
+                p.tools or [], p.tool_choice, p.parallel_tool_calls, opened=p.reasoning_opened
+            )
         except ValueError as e:
             raise RequestError(str(e), param="tool_choice") from None
         return replace(p, logits=replace(p.logits or LogitsParams(), grammar=grammar), grammar_field="tools")
 
     def _with_budget(self, p: Params, eng: StreamingEngine) -> Params:
         """The request with its thinking budget a processor (refused for a model that shows no reasoning)."""
-        if self.reasoning is None:
+        reasoning = self.format.reasoning
+        if reasoning is None:
             raise RequestError(
                 "this model's chat template shows no reasoning we know (<think>, Gemma 4's or gpt-oss's "
                 "channels): 'thinking_budget' would do nothing",
                 param="thinking_budget",
             )
-        start, end = (
-            _plain_ids(eng.verifier.tokenizer, t) for t in (self.reasoning.start, self.reasoning.end)
-        )
+        start, end = (_plain_ids(eng.verifier.tokenizer, t) for t in (reasoning.start, reasoning.end))
         budget = ThinkingBudget(p.thinking_budget or 0, end, start, p.reasoning_opened)
         return replace(p, logits=replace(p.logits or LogitsParams(), thinking=budget))
 
@@ -231,11 +208,10 @@ class Worker:
             except ValueError as e:  # the messages, or tools the template cannot render
                 field = "tools" if p.tools and "tool" in str(e) else "messages" if p.chat else "prompt"
                 raise RequestError(str(e), param=field) from None
+            if p.chat:  # does the prompt leave the reply inside the reasoning?
+                p = job.params = replace(p, reasoning_opened=self.format.opened(ids))
             if p.tools is not None:
                 p = job.params = self._with_tool_grammar(p)
-            if self.reasoning is not None and p.chat:  # does the prompt leave the reply inside the reasoning?
-                tail = self.raw_text(ids[-8:]).rstrip()
-                p = job.params = replace(p, reasoning_opened=tail.endswith(self.reasoning.start))
             if p.thinking_budget is not None:
                 p = job.params = self._with_budget(p, eng)
             limit = eng.max_context
