@@ -9,7 +9,10 @@ Part 1 (`mask`): the mask of 1, 8 and 16 chain rows inside a JSON document, as m
 against the verify of as many rows. Part 2 (`runs`): six chat prompts asking for JSON, each under its schema;
 per round and prompt, in turn: autoregressive and speculative decoding unconstrained, then under the schema
 autoregressive, speculative, and speculative with the forced tokens not drafted (`Constraint.forced` made to
-return nothing: an ablation, here only). Speculation is checked exact (its tokens equal AR's) in every run.
+return nothing: an ablation, here only). Then the same six as tool calls (`tools_*`): each schema the
+parameters of one function offered through a Hermes-style chat template (ours; SmolLM2's own renders no
+tools) under `tool_choice` "required", autoregressive, speculative, and speculative with the forced tokens
+not drafted. Speculation is checked exact (its tokens equal AR's) in every run.
 """
 
 from __future__ import annotations
@@ -84,23 +87,55 @@ def mask_cost(v, reps: int) -> list[dict]:
     return out
 
 
+#: ChatML with tools offered and calls written in the Hermes syntax (the syntax is a fact; the template ours)
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call one of these functions:{% for t in tools %}\n"
+    '{{ t.function | tojson }}{% endfor %}\nCall it as <tool_call>\n{"name": ..., "arguments": {...}}'
+    "\n</tool_call><|im_end|>\n{% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "<|im_end|>\n{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _prompts(v) -> list[tuple[list[int], list[int], dict]]:
+    """Per task: (the JSON prompt's ids with the model's template, the tool prompt's ids with
+    TOOL_TEMPLATE, its tool)."""
+    from specdec.api import encode_prompt
+    from specdec.chat import chat_template, set_chat_template
+
+    own = chat_template(v.tokenizer)
+    plain = [encode_prompt(v, [{"role": "user", "content": ask + " Reply in JSON."}]) for ask, _ in TASKS]
+    set_chat_template(v.tokenizer, TOOL_TEMPLATE)
+    tools = [{"type": "function", "function": {"name": "record", "description": ask, "parameters": schema}}
+             for ask, schema in TASKS]  # fmt: skip
+    calls = [
+        encode_prompt(v, [{"role": "user", "content": ask}], tools=[t]) for (ask, _), t in zip(TASKS, tools)
+    ]
+    set_chat_template(v.tokenizer, own)
+    return list(zip(plain, calls, tools))
+
+
 def runs(v, d, rounds: int, max_new: int) -> dict:
     """Every configuration of part 2 on every task, interleaved per round."""
-    from specdec.api import encode_prompt
     from specdec.engine import DecodeConfig, generate
+    from specdec.tools import SYNTAXES, ToolChoice, tool_grammar
 
     real_forced = Constraint.forced
-    configs = ["ar", "spec", "grammar_ar", "grammar_spec", "grammar_spec_unforced"]
+    configs = ["ar", "spec", "grammar_ar", "grammar_spec", "grammar_spec_unforced", "tools_ar", "tools_spec",
+               "tools_spec_unforced"]  # fmt: skip
     rec: dict[str, list[dict]] = {c: [] for c in configs}
+    prompts = _prompts(v)
     for r in range(rounds):
-        for i, (ask, schema) in enumerate(TASKS):
-            ids = encode_prompt(v, [{"role": "user", "content": ask + " Reply in JSON."}])
-            grammar = LogitsParams(grammar=GrammarSpec.json_schema(schema))
+        for i, (_, schema) in enumerate(TASKS):
+            plain, call, tool = prompts[i]
+            required = tool_grammar(SYNTAXES["hermes"], [tool], ToolChoice("required"), False)
+            logits = {"grammar": LogitsParams(grammar=GrammarSpec.json_schema(schema)),
+                      "tools": LogitsParams(grammar=required)}  # fmt: skip
             ref = {}
             for c in configs:
-                spec = c.startswith("grammar")
+                key = c.split("_")[0] if c.startswith(("grammar", "tools")) else "plain"
+                ids = call if key == "tools" else plain
                 cfg = DecodeConfig(max_new_tokens=max_new, block_size=1 if c.endswith("ar") else d.block_size,
-                                   logits=grammar if spec else None)  # fmt: skip
+                                   logits=logits.get(key))  # fmt: skip
                 Constraint.forced = (lambda self: []) if c.endswith("unforced") else real_forced
                 try:
                     t0 = time.perf_counter()
@@ -108,7 +143,6 @@ def runs(v, d, rounds: int, max_new: int) -> dict:
                     secs = time.perf_counter() - t0
                 finally:
                     Constraint.forced = real_forced
-                key = "grammar" if spec else "plain"
                 ref.setdefault(key, res.output_tokens)
                 assert res.output_tokens == ref[key], f"{c} on task {i} is not its AR's output"
                 steps = res.decode_steps

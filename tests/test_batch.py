@@ -374,7 +374,7 @@ def test_a_stalled_member_holds_the_others_up_once(verifier, monkeypatch):
 
 @pytest.mark.slow
 def test_smollm2_in_bf16_batched_equals_solo_and_transformers():
-    """The real model on this CPU: SmolLM2-135M in bf16, eight chat requests at once with the bundled
+    """The real model on this CPU: SmolLM2-135M in bf16, six chat requests at once with the bundled
     drafter + lookup (greedy and seeded T > 0, different lengths): each equals its solo run, and the
     greedy ones transformers' own bf16 `generate` (up to its near-ties, where bf16 roundings part). Where
     this machine's bf16 verify is not batch-invariant (the AVX2-only kind), the batch is refused in one
@@ -389,8 +389,10 @@ def test_smollm2_in_bf16_batched_equals_solo_and_transformers():
     batch = batch_or_refused(v)
     if batch is None:
         return
+    # six at once (two seeded), of different lengths: what the property needs; each token costs a bf16
+    # forward, emulated on the AVX2-only kind
     texts = ["Hi!", "Name three rivers.", "What is 12 times 7?", "Write a haiku about rain.",
-             "Say hello in French.", "List two colours.", "Why is the sky blue?", "Count to 5."]  # fmt: skip
+             "Say hello in French.", "Why is the sky blue?"]  # fmt: skip
 
     def reqs() -> list[Request]:
         out = []
@@ -401,7 +403,7 @@ def test_smollm2_in_bf16_batched_equals_solo_and_transformers():
                 if i % 3 == 2
                 else None
             )
-            cfg = DecodeConfig(max_new_tokens=16 + 4 * i, block_size=d.block_size, sampling=sp)
+            cfg = DecodeConfig(max_new_tokens=12 + 4 * i, block_size=d.block_size, sampling=sp)
             out.append(Request(prompt=encode_prompt(v, [{"role": "user", "content": t}]), cfg=cfg, drafter=d))
         return out
 

@@ -621,3 +621,70 @@ def test_the_stub_needs_no_transformers(stub: StubVerifier, monkeypatch: pytest.
     run = _run(stub, None)
     assert run.finish_reason == "stop"
     _valid(run, PERSON)
+
+
+@pytest.mark.hf
+def test_eagle3_and_mtp_drafters_equal_ar_under_a_grammar_and_processors(tmp_path) -> None:
+    """The drafters that read the verifier's hidden states (an EAGLE-3 checkpoint on a tiny Llama, a
+    tiny Qwen3.5's own MTP layer), under a grammar with penalties and a bias: speculation equals
+    autoregressive decoding token for token, greedy and sampled by rejection, and the drafters drafted."""
+    pytest.importorskip("transformers")
+    import eagle3ckpt
+    import tinymodels
+
+    from specdec.drafting.load import load_drafter
+    from specdec.verifiers.hf import HFVerifier
+
+    llama = tinymodels.tiny_tokenizer(tinymodels.tiny_llama(tmp_path / "llama"))
+    qwen = tinymodels.add_mtp(tinymodels.tiny_tokenizer(
+        tinymodels.tiny_qwen3_5(tmp_path / "qwen", multimodal=False, layers=4)))  # fmt: skip
+    e3 = eagle3ckpt.tiny_eagle3(tmp_path / "e3", target_hidden=64, vocab=320, aux=[1, 2, 4])
+    words = GrammarSpec("regex", "[a-z]{2,6}( [a-z]{2,6}){3,6}[.!]")
+    params = LogitsParams(grammar=words, logit_bias={70: 0.8}, repetition_penalty=1.2, presence_penalty=0.3)
+    for folder, kind in [(llama, str(e3)), (qwen, "mtp")]:
+        v = HFVerifier(folder)
+        d = load_drafter(kind, verifier=v)
+        prompt = v.tokenizer.encode("Say a few words:")
+
+        def text(run, v=v) -> str:  # without the stop token
+            return v.tokenizer.decode(run.output_tokens, skip_special_tokens=True)
+
+        for sp in [None, SamplingParams(temperature=1.0, seed=4, rule="rejection", proposal="sample")]:
+            cfg = dict(max_new_tokens=60, logits=params, sampling=sp)
+            ar = generate(v, prompt, cfg=DecodeConfig(block_size=1, **cfg))
+            spec = generate(v, prompt, drafter=d, cfg=DecodeConfig(block_size=4, **cfg))
+            assert ar.finish_reason == "stop" and re.fullmatch(words.source, text(ar)), ar.text
+            if sp is None:  # at T > 0 rejection's output is the same distribution, not the same tokens
+                assert spec.output_tokens == ar.output_tokens, kind
+            assert re.fullmatch(words.source, text(spec)), spec.text
+            assert sum(s.drafted for s in spec.decode_steps) > 0, kind
+
+
+def test_grammars_per_request_in_a_batch_equal_their_solo_runs() -> None:
+    """Requests with different grammars (a schema, a regex, none), drafters and sampling, batched on the
+    stub: each equals its own run alone, and the requests' verifies did share forwards."""
+    from measured import batch_or_refused, shared
+
+    from specdec.batch import Request, generate_many
+
+    v = StubVerifier(dtype=torch.bfloat16)  # as test_batch's stub case
+    batch = batch_or_refused(v)
+    if batch is None:  # refused where this machine's measurement says rows depend on the call (checked)
+        return
+    schema = LogitsParams(grammar=GrammarSpec.json_schema(json.dumps(PERSON)), presence_penalty=0.5)
+    words = LogitsParams(grammar=GrammarSpec("regex", "[a-z]{2,6}( [a-z]{2,6}){2,5}\\."))
+    reject = SamplingParams(temperature=1.0, seed=2, rule="rejection", proposal="sample")
+
+    def requests() -> list[Request]:
+        out = []
+        for i, (logits, sp) in enumerate([(schema, None), (words, reject), (None, None), (schema, reject)]):
+            d = RandomDrafter(vocab=v.vocab_size, block_size=5, seed=i)
+            cfg = DecodeConfig(max_new_tokens=80, block_size=5, logits=logits, sampling=sp)
+            out.append(Request(prompt=v.tokenizer.encode(f"Request {i}:"), cfg=cfg, drafter=d))
+        return out
+
+    want = [generate(v, r.prompt, drafter=r.drafter, cfg=r.cfg).output_tokens for r in requests()]
+    since = batch.forwards.copy()
+    got = generate_many(batch, requests())
+    assert [g.output_tokens for g in got] == want
+    assert shared(batch, since) > 1

@@ -451,7 +451,9 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_path, 
     from test_sampling import V as SV
     from test_sampling import check_walk_distribution
 
-    t = tinymodels.add_mtp(tinymodels.tiny_qwen3_5(tmp_path / "t", multimodal=False, vocab=SV))
+    # one block of the hybrid (3 Gated DeltaNet layers, one attention layer): the walk's statistics do not
+    # need the verifier deep, and its 2000 samples cost half
+    t = tinymodels.add_mtp(tinymodels.tiny_qwen3_5(tmp_path / "t", multimodal=False, vocab=SV, layers=4))
     ref = HFVerifier(t)
     if rt == "hf":
         v, cls = ref, MtpDrafter

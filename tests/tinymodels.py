@@ -269,10 +269,16 @@ _MOE = dict(
 
 
 def tiny_qwen3_5(
-    path: Path, *, seed: int = 0, moe: bool = False, multimodal: bool = True, vocab: int = 320
+    path: Path,
+    *,
+    seed: int = 0,
+    moe: bool = False,
+    multimodal: bool = True,
+    vocab: int = 320,
+    layers: int = 8,
 ) -> Path:
     """Qwen3.5 (dense, or MoE: top-2 of 4 experts plus a shared expert): 3 Gated DeltaNet layers then one
-    gated full-attention layer, twice. `multimodal`: the layout of the real checkpoints
+    gated full-attention layer, twice (`layers` 4: once). `multimodal`: the layout of the real checkpoints
     (`Qwen3_5ForConditionalGeneration`: `text_config`, a tiny vision tower, `model.language_model.*`);
     otherwise transformers' text-only `Qwen3_5ForCausalLM`."""
     import torch
@@ -280,7 +286,8 @@ def tiny_qwen3_5(
 
     torch.manual_seed(seed)
     name = "qwen3_5_moe" if moe else "qwen3_5"
-    text = dict(**{**_HYBRID, "vocab_size": vocab}, **_GDN, **(_MOE if moe else {}))
+    hybrid = {**_HYBRID, "vocab_size": vocab, "num_hidden_layers": layers}
+    text = dict(**hybrid, **_GDN, **(_MOE if moe else {}))
     if multimodal:
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                       patch_size=4, num_position_embeddings=16)  # fmt: skip
