@@ -195,6 +195,8 @@ def encode_prompt(
     chat = chat and isinstance(prompt[0], Mapping)
     if tools and not chat:
         raise ValueError("tools are given to a model with chat messages, not text or token ids")
+    if template_kwargs and not chat:  # they reach a chat template only: refused, not ignored
+        raise ValueError("chat template arguments go with chat messages, not text or token ids")
     if isinstance(prompt, str) or chat:
         tok = verifier.tokenizer
         if tok is None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specdec.chat import chat_template
 from specdec.grammar import GrammarSpec
+from specdec.processors import LogitsParams
 from specdec.reasoning import ReasoningSyntax, detect_reasoning, reasoning_stream
 from specdec.tools import SYNTAXES, Syntax, ToolCall, ToolChoice, ToolStream, detect_syntax, special_ids
 from specdec.tools import tool_grammar as _tool_grammar
@@ -101,6 +102,33 @@ class ReplyFormat:
             syntax, tools, choice, parallel, special=self.marks, reasoning=self.reasoning, opened=opened
         )
 
+    def constrain(
+        self,
+        logits: LogitsParams | None,
+        *,
+        tools: list[dict] | None,
+        tool_choice: Any,
+        parallel: bool,
+        response_format: Mapping[str, Any] | None,
+        opened: bool,
+    ) -> LogitsParams | None:
+        """`logits` with the grammar that a forced tool choice or `response_format` asks for (`opened`: the
+        prompt opened a thinking model's reasoning); ValueError for options that contradict each other."""
+        grammar = None
+        if tools is not None:
+            grammar = self.tool_grammar(tools, ToolChoice.parse(tool_choice), parallel, opened=opened)
+        elif tool_choice is not None:
+            raise ValueError("tool_choice is given without tools")
+        if response_format is not None:
+            if grammar is not None:
+                raise ValueError("give a forced tool_choice or response_format, not both")
+            grammar = GrammarSpec.from_request({"response_format": response_format})
+        if grammar is None:
+            return logits
+        if logits is not None and logits.grammar is not None:
+            raise ValueError("logits already holds a grammar: give it, tools or response_format, not two")
+        return replace(logits or LogitsParams(), grammar=grammar)
+
     def split(self, *, tools: bool, opened: bool = False, chat: bool = True) -> ReplySplit:
         """A splitter for one reply (`tools`: calls are parsed out of it; not `chat`: a text completion,
         whose text is all content)."""
@@ -137,24 +165,37 @@ class ReplySplit:
         self.special = any(x is not None and x.special for x in syntaxes)
         self.raw = _RawText(fmt.raw_text, fmt.stop_ids)  # every token, for the calls' parse at the end
         self.clean = fmt.clean_text if self.special else str
+        self.reasoning_text, self.content, self.calls = "", "", []  # what it gave so far
 
     def push(self, delta: str, tokens: Sequence[int]) -> tuple[str, str]:
         """(reasoning, content) that can go out now, given a step's text and tokens."""
         raw = self.raw.push(tokens)
-        thought, delta = (
-            self.reasoning.push(raw if self.special else delta) if self.reasoning else ("", delta)
-        )
-        if self.special and self.reasoning is None:
-            delta = raw
-        return self.clean(thought), self.clean(self.tools.push(delta) if self.tools else delta)
+        delta = raw if self.special else delta
+        thought, delta = self.reasoning.push(delta) if self.reasoning else ("", delta)
+        return self._gave(self.clean(thought), self.clean(self.tools.push(delta) if self.tools else delta))
 
     def finish(self) -> tuple[str, str, list[ToolCall]]:
         """(reasoning, content, calls) left at the end."""
         thought, rest = self.reasoning.finish() if self.reasoning else ("", "")
         thought, rest = self.clean(thought), self.clean(rest)
-        if self.tools is None:
-            return thought, rest, []
-        more = self.tools.push(rest)
-        raw = self.fmt.raw_text(self.raw.ids)
-        tail, calls = self.tools.finish(raw if self.tools.syntax.special else None)
-        return thought, self.clean(more + tail), calls
+        if self.tools is not None:
+            more = self.tools.push(rest)
+            raw = self.fmt.raw_text(self.raw.ids)
+            tail, self.calls = self.tools.finish(raw if self.tools.syntax.special else None)
+            rest = self.clean(more + tail)
+        return (*self._gave(thought, rest), self.calls)
+
+    def _gave(self, thought: str, content: str) -> tuple[str, str]:
+        self.reasoning_text += thought
+        self.content += content
+        return thought, content
+
+    def message(self) -> dict[str, Any]:
+        """The whole reply as an OpenAI assistant message (after `finish`): "content", and where the model
+        wrote them "reasoning_content" and "tool_calls"."""
+        out: dict[str, Any] = {"role": "assistant", "content": self.content or (None if self.calls else "")}
+        if self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning_text or None
+        if self.calls:
+            out["tool_calls"] = [c.to_openai() for c in self.calls]
+        return out

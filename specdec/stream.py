@@ -45,7 +45,8 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdec.chat import encode_prompt, held_back
+from specdec.chat import encode_prompt
+from specdec.detokenize import Detokenizer, text_decoder
 from specdec.engine import (
     DecodeConfig,
     check_request,
@@ -54,14 +55,13 @@ from specdec.engine import (
     decode,
     decode_config,
 )
-from specdec.grammar import GrammarSpec
 from specdec.lease import hold
 from specdec.processors import LogitsParams
 from specdec.protocols import Drafter, RollbackError, Verifier
 from specdec.records import PromptResult, StepRecord, summarize
 from specdec.reply import ReplyFormat, ReplySplit
 from specdec.sampling import SamplingParams
-from specdec.tools import ToolChoice, check_tools
+from specdec.tools import check_tools
 from specdec.tree import TreeBudget
 
 __all__ = [
@@ -77,87 +77,6 @@ __all__ = [
 ]
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
-
-
-# ---- text ------------------------------------------------------------------------------------------------
-
-
-def text_decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
-    """ids -> text without special tokens and without transformers' space clean-up (which rewrites text
-    already streamed when the next token arrives, e.g. "a ," -> "a,")."""
-    if hasattr(tokenizer, "convert_ids_to_tokens"):  # a transformers tokenizer
-        return lambda ids: tokenizer.decode(
-            list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-    return tokenizer.decode
-
-
-class Detokenizer:
-    """Incremental detokenisation with stop strings: `push` each step's tokens, get the new stable text."""
-
-    def __init__(
-        self,
-        decode: Callable[[Sequence[int]], str],
-        *,
-        stop: Sequence[str] = (),
-        skip_ids: frozenset[int] = frozenset(),
-    ) -> None:
-        self._decode, self._skip = decode, skip_ids
-        self.stop = tuple(s for s in stop if s)
-        self._ids: list[int] = []  # text-bearing tokens
-        self._n_of: list[int] = []  # _n_of[i]: tokens pushed when _ids[i] came
-        self.n_tokens = 0  # tokens pushed (stop tokens included)
-        self.text = ""  # emitted so far
-        self.stop_string: str | None = None
-        self.n_keep: int | None = None  # once stopped: tokens up to the one that completed the stop string
-
-    def push(self, tokens: Sequence[int]) -> str:
-        if self.stop_string is not None:
-            return ""
-        start = len(self._ids)
-        for t in tokens:
-            self.n_tokens += 1
-            if t not in self._skip:
-                self._ids.append(t)
-                self._n_of.append(self.n_tokens)
-        full = self._decode(self._ids)
-        if not full.startswith(self.text):
-            return ""  # the tokenizer rewrote streamed text (see the module docstring): wait for the end
-        hit = self._find_stop(full)
-        if hit is not None:
-            idx, s = hit
-            self.stop_string = s
-            self.n_keep = self._n_until(idx + len(s), start)
-            return self._emit(full[:idx])
-        stable = full.rstrip("\ufffd")
-        return self._emit(stable[: len(stable) - held_back(stable, self.stop)])
-
-    def flush(self) -> str:
-        """The held-back text at the end of the output (nothing after a stop string)."""
-        if self.stop_string is not None:
-            return ""
-        full = self._decode(self._ids)
-        return self._emit(full) if full.startswith(self.text) else ""
-
-    def _emit(self, upto: str) -> str:
-        if len(upto) <= len(self.text):
-            return ""
-        delta = upto[len(self.text) :]
-        self.text = upto
-        return delta
-
-    def _find_stop(self, full: str) -> tuple[int, str] | None:
-        # a stop string cannot start inside emitted text: its start would have been held back
-        hits = [(i, s) for s in self.stop if (i := full.find(s, len(self.text))) >= 0]
-        return min(hits, key=lambda h: h[0]) if hits else None
-
-    def _n_until(self, n_chars: int, start: int) -> int:
-        """Tokens pushed up to the first text-bearing token (from `start`, the first of this push: earlier
-        ones did not complete the stop string) whose text reaches n_chars."""
-        for i in range(start, len(self._ids)):
-            if len(self._decode(self._ids[: i + 1]).rstrip("\ufffd")) >= n_chars:
-                return self._n_of[i]
-        return self.n_tokens
 
 
 # ---- events and results ----------------------------------------------------------------------------------
@@ -295,7 +214,14 @@ class StreamingEngine:
         tools = check_tools(tools) if tools is not None else None
         ids = self.encode(prompt, tools=tools, template_kwargs=template_kwargs)
         opened = chat and self._decode is not None and self.reply_format.opened(ids)
-        logits = self._constrained(logits, tools, tool_choice, parallel_tool_calls, response_format, opened)
+        logits = self.reply_format.constrain(
+            logits,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel=parallel_tool_calls,
+            response_format=response_format,
+            opened=opened,
+        )
         stops = tuple([stop] if isinstance(stop, str) else (stop or ()))
         if not all(isinstance(s, str) for s in stops):
             raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
@@ -320,33 +246,6 @@ class StreamingEngine:
     def set_reply_format(self, *, tool_parser: str | None = None) -> None:
         """Read the reply format again (after a chat template change); `tool_parser` names the call syntax."""
         self._reply_format = ReplyFormat.of(self.verifier, tool_parser=tool_parser)
-
-    def _constrained(
-        self,
-        logits: LogitsParams | None,
-        tools: list[dict] | None,
-        tool_choice: Any,
-        parallel: bool,
-        response_format: Mapping[str, Any] | None,
-        opened: bool,
-    ) -> LogitsParams | None:
-        """`logits` with the grammar that a forced tool choice or `response_format` asks for (`opened`: the
-        prompt opened a thinking model's reasoning)."""
-        grammar = None
-        if tools is not None:
-            choice = ToolChoice.parse(tool_choice)
-            grammar = self.reply_format.tool_grammar(tools, choice, parallel, opened=opened)
-        elif tool_choice is not None:
-            raise ValueError("tool_choice is given without tools")
-        if response_format is not None:
-            if grammar is not None:
-                raise ValueError("give a forced tool_choice or response_format, not both")
-            grammar = GrammarSpec.from_request({"response_format": response_format})
-        if grammar is None:
-            return logits
-        if logits is not None and logits.grammar is not None:
-            raise ValueError("logits already holds a grammar: give it, tools or response_format, not two")
-        return replace(logits or LogitsParams(), grammar=grammar)
 
     def complete(self, prompt: Prompt, **kw: Any) -> StreamResult:
         """Run to the end; the StreamResult."""
@@ -538,7 +437,6 @@ class Stream:
     ) -> None:
         self.prompt_ids = ids
         self._split = split
-        self._said = ("", "")  # the reasoning and content the split gave so far
         self.result: StreamResult | None = None
         self._cancel = cancel
         self._gen = engine._run(ids, cfg, stops, self)
@@ -554,7 +452,6 @@ class Stream:
             ev.content = ev.delta
         else:
             ev.reasoning, ev.content = self._split.push(ev.delta, ev.tokens)
-            self._said = (self._said[0] + ev.reasoning, self._said[1] + ev.content)
         if ev.result is not None:
             more_reasoning, more_content = self._finished()  # what the split held back to the end
             ev.reasoning, ev.content = ev.reasoning + more_reasoning, ev.content + more_content
@@ -588,17 +485,8 @@ class Stream:
         if not self._done and self.result is not None:
             self._done = True
             if self._split is not None:
-                reasoning, content, calls = self._split.finish()
-                tail = (reasoning, content)
-                message = {
-                    "role": "assistant",
-                    "content": (self._said[1] + content) or (None if calls else ""),
-                }
-                if self._split.reasoning is not None:
-                    message["reasoning_content"] = (self._said[0] + reasoning) or None
-                if calls:
-                    message["tool_calls"] = [c.to_openai() for c in calls]
-                self.result.message = message
+                tail = self._split.finish()[:2]
+                self.result.message = self._split.message()
             for f in self._on_done:
                 f(self.result)
         return tail

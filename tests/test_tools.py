@@ -502,3 +502,30 @@ def test_a_thinking_model_may_reason_before_a_forced_call(tmp_path) -> None:
     gcall = '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>'
     assert _accepts(g, f"<|channel>thought\nHm, a <channel| b.<channel|>{gcall}", hf)
     assert _accepts(g, gcall, hf) and not _accepts(g, f"<|channel>thought\nHm{gcall}", hf)
+
+
+def test_chat_options_on_a_text_prompt_are_refused_not_ignored() -> None:
+    """Tools, tool choices and chat template arguments reach a chat template only: a text completion (or a
+    text / token-id prompt in the API) that sends them is refused in one line naming the field."""
+    pytest.importorskip("starlette")
+    from specdec.chat import encode_prompt
+    from specdec.sampling import SamplingParams
+    from specdec.serve.protocol import CHAT_ONLY, RequestError, parse_request
+
+    body = {"prompt": "Hi", "max_tokens": 4}
+    values = {
+        "tools": TOOLS,
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "reasoning_effort": "low",
+        "thinking_budget": 8,
+    }
+    for name in CHAT_ONLY:
+        with pytest.raises(RequestError, match=f"'{name}' goes with chat messages") as e:
+            parse_request({**body, name: values[name]}, chat=False, model="m", defaults=SamplingParams())
+        assert e.value.param == name
+    parse_request(body, chat=False, model="m", defaults=SamplingParams())  # without them: fine
+    v = StubVerifier()
+    with pytest.raises(ValueError, match="chat template arguments go with chat messages"):
+        encode_prompt(v, "Hi", template_kwargs={"enable_thinking": False})

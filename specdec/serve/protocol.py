@@ -194,6 +194,17 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
 }  # fmt: skip
 
 
+#: fields only a chat request can honour
+CHAT_ONLY = (
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "thinking_budget",
+)
+
+
 def _unhonoured(body: dict) -> None:
     """A RequestError for the first field of `UNHONOURED` that asks for something."""
     for name, nothing in UNHONOURED.items():
@@ -239,6 +250,12 @@ def parse_request(body: Any, *, chat: bool, model: str, defaults: SamplingParams
         prompt, chat, mt, sampling, stop, stream, include_usage, _logits(body), asked, _logprobs(body, chat)
     )
     if not chat:
+        for name in CHAT_ONLY:  # a text completion has no chat template to take them: refused, not ignored
+            if body.get(name) is not None:
+                raise RequestError(
+                    f"'{name}' goes with chat messages (/v1/chat/completions), not a text completion",
+                    param=name,
+                )
         return p
     budget = _number(body, "thinking_budget", None, lo=0, hi=2**31, integer=True)
     return replace(_tools(body, p), template_kwargs=_template_kwargs(body), thinking_budget=budget)
