@@ -249,3 +249,23 @@ def test_gpu_check_script_rehearses_on_a_cpu(tmp_path: Path) -> None:
     assert result["tests"]["cuda_tests_skipped"] or result["tests"]["cuda_tests_run"]
     assert result["peak_memory"]["steps"] > 1 and result["bench_train"]["preset"] == "cpu"
     assert "| attn_chunk |" in (tmp_path / "gpu_check.md").read_text()
+
+
+@pytest.mark.hf
+def test_step_profile_splits_each_call(tmp_path: Path) -> None:
+    """`python -m specdec.evals.step_profile` on a tiny model: every call timed, its ops' own time and the
+    rest apart, the top ops listed."""
+    pytest.importorskip("transformers")
+    import tinymodels
+
+    from specdec.evals.step_profile import main as step_profile
+
+    model = tinymodels.tiny_tokenizer(tinymodels.tiny_llama(tmp_path / "m"))
+    out = tmp_path / "profile.json"
+    args = ["--model", str(model), "--dtype", "float32", "--drafter", "prompt-lookup", "--context", "16"]
+    assert step_profile([*args, "--reps", "2", "--out", str(out)]) == 0
+    calls = json.loads(out.read_text())["calls"]
+    assert list(calls) == ["verify_1", "verify_8", "verify_16", "draft"]
+    for name, c in calls.items():
+        assert c["wall_ms"] > 0 and c["ops_self_ms"] >= 0 and c["other_ms"] >= 0
+        assert c["top"] or name == "draft", name  # prompt lookup proposes without a tensor op
