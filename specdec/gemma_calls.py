@@ -104,6 +104,7 @@ class _Lark:
 
     def __init__(self, q: str, prefix: str) -> None:
         self.q, self.prefix, self.rules = q, prefix, {}
+        self.special = q.startswith("<[")  # the mark is a special token, not text
 
     def rule(self, schema: Any, where: str) -> str:
         name = f"{self.prefix}_{len(self.rules)}"
@@ -114,18 +115,14 @@ class _Lark:
     def _string(self, text: str) -> str:
         """A string whose text matches the regex `text`. With the mark as text, one lexeme from mark to
         mark (Lark's lexer cannot look past a lexeme's end for a closing mark of five bytes)."""
-        if self.q.startswith("<["):  # a special token: the text's lexeme ends where the token comes
+        if self.special:  # the text's lexeme ends where the mark's token comes
             return f"{self.q} /{text}/ {self.q}"
         mark = re.escape(QUOTE)
         return f"/{mark}{text}{mark}/"
 
     def _literal(self, v: Any) -> str:
         if isinstance(v, str):
-            return (
-                f"{self.q} {json.dumps(v)} {self.q}"
-                if self.q.startswith("<[")
-                else json.dumps(QUOTE + v + QUOTE)
-            )
+            return f"{self.q} {json.dumps(v)} {self.q}" if self.special else json.dumps(QUOTE + v + QUOTE)
         if isinstance(v, (Mapping, list)):
             raise ValueError("an object or array in 'enum' / 'const'")
         return json.dumps(json.dumps(v))  # the number's (or true / false / null's) text, as a Lark string

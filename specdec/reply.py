@@ -163,14 +163,16 @@ class ReplySplit:
         self.tools = ToolStream(fmt.call_syntax()) if tools else None
         syntaxes = (syntax, self.tools and self.tools.syntax)
         self.special = any(x is not None and x.special for x in syntaxes)
-        self.raw = _RawText(fmt.raw_text, fmt.stop_ids)  # every token, for the calls' parse at the end
+        # the text with special tokens kept, only where a syntax is written in them (the calls' parse at
+        # the end reads it too, and a special call syntax makes `special` true)
+        self.raw = _RawText(fmt.raw_text, fmt.stop_ids) if self.special else None
         self.clean = fmt.clean_text if self.special else str
         self.reasoning_text, self.content, self.calls = "", "", []  # what it gave so far
 
     def push(self, delta: str, tokens: Sequence[int]) -> tuple[str, str]:
         """(reasoning, content) that can go out now, given a step's text and tokens."""
-        raw = self.raw.push(tokens)
-        delta = raw if self.special else delta
+        if self.raw is not None:
+            delta = self.raw.push(tokens)
         thought, delta = self.reasoning.push(delta) if self.reasoning else ("", delta)
         return self._gave(self.clean(thought), self.clean(self.tools.push(delta) if self.tools else delta))
 
@@ -180,8 +182,8 @@ class ReplySplit:
         thought, rest = self.clean(thought), self.clean(rest)
         if self.tools is not None:
             more = self.tools.push(rest)
-            raw = self.fmt.raw_text(self.raw.ids)
-            tail, self.calls = self.tools.finish(raw if self.tools.syntax.special else None)
+            special = self.tools.syntax.special  # then `raw` is kept (see __init__)
+            tail, self.calls = self.tools.finish(self.fmt.raw_text(self.raw.ids) if special else None)
             rest = self.clean(more + tail)
         return (*self._gave(thought, rest), self.calls)
 

@@ -268,7 +268,6 @@ class _Routes:
 
         offset = 0  # completions' text_offset: the text streamed before
         split = self._split(job, chat)
-        tokens: list[int] = []
 
         try:
             if chat:
@@ -279,7 +278,6 @@ class _Routes:
                 kind, payload = await job.events.get()
                 if kind == "event":
                     entries = self._logprobs_of(job, payload)
-                    tokens += payload.tokens
                     # a call's text held back until it parses
                     thought, delta = split.push(payload.delta, payload.tokens)
                     if thought:
@@ -337,7 +335,7 @@ class _Routes:
             return started
         job, watcher, payload = started
         try:
-            split, tokens, stream = self._split(job, True), [], None
+            split, stream = self._split(job, True), None
             thought, text = [], []
             if job.params.stream:
                 watcher.cancel()
@@ -348,7 +346,6 @@ class _Routes:
             while True:
                 kind, payload = await job.events.get()
                 if kind == "event":
-                    tokens += payload.tokens
                     r, c = split.push(payload.delta, payload.tokens)
                     thought.append(r)
                     text.append(c)
@@ -368,13 +365,11 @@ class _Routes:
                 job.cancel.set()
 
     async def _message_events(self, job: Job, split: ReplySplit, ms: MessageStream) -> AsyncIterator[str]:
-        tokens: list[int] = []
         try:
             yield ms.start()
             while True:
                 kind, payload = await job.events.get()
                 if kind == "event":
-                    tokens += payload.tokens
                     r, c = split.push(payload.delta, payload.tokens)
                     yield (ms.thinking(r) if r else "") + (ms.text(c) if c else "")
                 elif kind == "error":

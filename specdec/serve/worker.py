@@ -177,14 +177,14 @@ class Worker:
             self.format.call_syntax()
         except ValueError as e:
             raise RequestError(str(e), param="tools") from None
-        if p.tool_choice.mode not in ("required", "named"):
-            return p
         try:
             grammar = self.format.tool_grammar(
                 p.tools or [], p.tool_choice, p.parallel_tool_calls, opened=p.reasoning_opened
             )
         except ValueError as e:
             raise RequestError(str(e), param="tool_choice") from None
+        if grammar is None:  # "auto" / "none": the model's own choice
+            return p
         return replace(p, logits=replace(p.logits or LogitsParams(), grammar=grammar), grammar_field="tools")
 
     def _with_budget(self, p: Params, eng: StreamingEngine) -> Params:
