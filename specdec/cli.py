@@ -90,6 +90,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("--prompt is empty: give the text to continue (or --messages)")
     if args.messages is None and (args.tools is not None or args.tool_choice is not None):
         raise ValueError("--tools and --tool-choice go with --messages (a chat)")
+    if args.tool_choice is not None and args.tools is None:  # refused, not ignored
+        raise ValueError("--tool-choice goes with --tools")
     out = check_output_path(args.out) if args.out is not None else None  # before any work
     prompt = (
         _messages_arg(args.messages) if args.messages is not None else check_text(args.prompt, "--prompt")

@@ -453,6 +453,7 @@ def test_generate_takes_a_template_and_tools(tmp_path, capsys) -> None:
     _valid(ToolCall("get_time", calls[0]["function"]["arguments"]))
     for extra, says in [(["--prompt", "hi", "--tools", json.dumps(TOOLS)], "go with --messages"),
                         (["--messages", msgs, "--tools", "[1]"], "--tools: tools[0] must be"),
+                        (["--messages", msgs, "--tool-choice", "required"], "goes with --tools"),
                         (["--messages", msgs, "--tools", str(tmp_path / "no")], "--tools: cannot read"),
                         (["--messages", msgs, "--tools", "[1"], "--tools is not valid JSON")]:  # fmt: skip
         assert main([*base, *extra]) == 2
