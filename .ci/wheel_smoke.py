@@ -53,7 +53,7 @@ def check_console_script() -> None:
 def check_bundled(home: Path, checkout: Path) -> None:
     from specdec.bundled import BUNDLED, bundled_corpus, bundled_drafter
     from specdec.corpus import Corpus
-    from specdec.drafting.checkpoint import check_checkpoint
+    from specdec.drafting.dflash.config import check_checkpoint
 
     for name in BUNDLED:
         folder = bundled_drafter(name)

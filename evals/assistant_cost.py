@@ -111,7 +111,7 @@ def measure(target: Path, assistant: Path, runtime: str, context: int, reps: int
 
 def _handover(v: Any, d: Any, runtime: str, reps: int) -> tuple[float, float]:
     """The K/V hand-over of one step (made and evaluated), and a copy of the same two layers' K/V."""
-    from specdec.drafting.gemma4_assistant_config import kv_window
+    from specdec.drafting.gemma4_assistant.config import kv_window
 
     def views() -> list[Any]:
         return [x for t, layer in d._sources.items() for x in v.shared_kv(layer, last=kv_window(d.cfg, t))]

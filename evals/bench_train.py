@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.drafting.checkpoint import DFlashConfig
-from specdec.drafting.dflash import DFlashDraftModel
+from specdec.drafting.dflash.config import DFlashConfig
+from specdec.drafting.dflash.torch import DFlashDraftModel
 from specdec.memory import probe_for_device
 from specdec.records import format_bytes
 from specdec.train import Batch, block_loss, default_gamma, sample_anchors

@@ -1,8 +1,9 @@
-"""Measure `specdec.drafting.lookup.LOOKUP_ACCEPT` on a corpus: how often prompt lookup's drafted tokens
-are accepted, by the length of the n-gram it matched, on a seeded sample of the corpus' answers (the
-verifier's own greedy answers, so an accepted token is one the verifier would have written). `--corpus
-DIR` in the engine measures the same at load (`specdec.drafting.ngrams.load_corpus_ngrams`); the
-committed table is this on the bundled SmolLM2 corpus.
+"""Measure `LOOKUP_ACCEPT` (`specdec.drafting.lookup.prompt`) on a corpus: how often prompt lookup's
+drafted tokens are accepted, by the length of the n-gram it matched, on a seeded sample of the corpus'
+answers (the verifier's own greedy answers, so an accepted token is one the verifier would have
+written). `--corpus DIR` in the engine measures the same at load
+(`specdec.drafting.lookup.ngrams.load_corpus_ngrams`); the committed table is this on the bundled
+SmolLM2 corpus.
 
     python -m specdec.evals.chances --corpus bundled:smollm2-135m
 """
@@ -29,8 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from specdec.bundled import corpus_path
     from specdec.corpus import Corpus
-    from specdec.drafting.lookup import lookup_chances, sample_answers
-    from specdec.drafting.ngrams import check_corpus
+    from specdec.drafting.lookup.ngrams import check_corpus
+    from specdec.drafting.lookup.prompt import lookup_chances, sample_answers
 
     check_corpus(args.corpus)
     sequences = Corpus(corpus_path(args.corpus)).all_sequences()

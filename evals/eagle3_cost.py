@@ -44,8 +44,8 @@ def random_drafter(folder: Path, target: Any) -> Path:
     """A random EAGLE-3 checkpoint shaped for `target` (seeded; its LM head scaled so drafts vary)."""
     import torch
 
-    from specdec.drafting.eagle3 import Eagle3Model
-    from specdec.drafting.eagle3_config import Eagle3Config, save_eagle3
+    from specdec.drafting.eagle3.config import Eagle3Config, save_eagle3
+    from specdec.drafting.eagle3.torch import Eagle3Model
 
     H, heads = target.hidden_size, target.model.config.num_attention_heads
     cfg = Eagle3Config(

@@ -79,9 +79,9 @@ def _context(v: Any, d: Any, prompt: list[int]) -> int:
 
 def measure(path: Path, reps: int) -> dict[str, Any]:
     from specdec.api import load_drafter
-    from specdec.drafting.checkpoint import DFlashConfig
-    from specdec.drafting.dflash import DFlashDrafter
-    from specdec.drafting.dflash_model import DFlashDraftModel
+    from specdec.drafting.dflash.config import DFlashConfig
+    from specdec.drafting.dflash.model import DFlashDraftModel
+    from specdec.drafting.dflash.torch import DFlashDrafter
     from specdec.verifiers.hf import HFVerifier
 
     v = HFVerifier(path)

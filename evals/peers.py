@@ -131,7 +131,7 @@ def _draft_model_peers(
     """With a draft model (`--drafter model:...`) in the verifier's runtime: the runtime's own speculative
     decoding with the same draft model and draft length, what users compare us with (mlx_lm's
     `draft_model`, transformers' assisted generation)."""
-    from specdec.drafting.model import ModelDrafter
+    from specdec.drafting.draft_model.drafter import ModelDrafter
 
     if not isinstance(drafter, ModelDrafter):
         return {}, {}
@@ -233,9 +233,9 @@ def _drafter_folder(verifier: Verifier, drafter: Drafter | None) -> str | None:
     `+lookup`): its folder, a split MTP folder, or for `--drafter mtp` the model's own (mlx-vlm splits the
     layers out itself). None for drafters without one (prompt lookup, n-grams, draft models: mlx_lm's own
     peer covers those)."""
+    from specdec.drafting.draft_model.drafter import ModelDrafter
     from specdec.drafting.mix import LookupFirstDrafter
-    from specdec.drafting.model import ModelDrafter
-    from specdec.drafting.mtp_mlx import MLXMtpDrafter
+    from specdec.drafting.mtp.mlx import MLXMtpDrafter
 
     inner = drafter.drafter if isinstance(drafter, LookupFirstDrafter) else drafter
     if inner is None or isinstance(inner, ModelDrafter):

@@ -11,7 +11,7 @@ step is charged the measured time of a verify of its length plus the drafter's t
 The τ a replay gives is the τ the engine measures (tested); the speedup is an estimate from the cost
 table (it leaves out the loop's own overheads, a few percent).
 With `--corpus DIR` it also replays n-grams of the verifier's own answers in a training corpus
-(`specdec.drafting.ngrams.CorpusNgrams`, the engine's `--corpus`), tried where lookup has nothing, alone and
+(`drafting.lookup.ngrams.CorpusNgrams`, the engine's `--corpus`), tried where lookup has nothing, alone and
 before DFlash blocks at the cut P that is best with `+lookup`. Last comes the engine's `--min-confidence
 auto` with `+lookup` (and the corpus where given): every draft cut by the verify costs measured here.
 With `--tree N ...` it also walks the trees the engine verifies with `--tree N` (`replay_tree`: the
@@ -36,10 +36,10 @@ import torch
 
 from specdec.args import Parser, add_max_new_tokens, add_verifier_args, at_least, finite, run_main
 from specdec.costs import VerifyCosts, measure_costs, measure_tree_costs
-from specdec.drafting.dflash import DFlashDrafter
-from specdec.drafting.lookup import LOOKUP_ACCEPT, Chances, lookup_accept
+from specdec.drafting.dflash.torch import DFlashDrafter
+from specdec.drafting.lookup.ngrams import CorpusNgrams, chances_of, check_corpus, load_corpus_ngrams
+from specdec.drafting.lookup.prompt import LOOKUP_ACCEPT, Chances, lookup_accept
 from specdec.drafting.mix import LookupFirstDrafter
-from specdec.drafting.ngrams import CorpusNgrams, chances_of, check_corpus, load_corpus_ngrams
 from specdec.drafting.policy import Calibration, Draft, DraftPolicy
 from specdec.engine import DecodeConfig, common_prefix_len
 from specdec.kernels import MAX_VERIFY_TOKENS

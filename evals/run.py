@@ -48,7 +48,7 @@ from specdec.args import (
     sampling_of,
 )
 from specdec.chat import encode_prompt, prompt_format, set_chat_template
-from specdec.drafting.spec import DrafterSpec
+from specdec.drafting.registry import DrafterSpec
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.datasets import PromptRecord, dataset_names, load_dataset, second_turn_messages
 from specdec.evals.peers import drafter_peer, peer_runners

@@ -62,7 +62,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafting.dflash import DFlashDrafter
+from specdec.drafting.dflash.torch import DFlashDrafter
 
 run, dest = Path(sys.argv[1]), Path(sys.argv[2])
 ckpt = sorted(run.glob("checkpoint-*"))[-1]

@@ -22,14 +22,15 @@ from specdec.costs import VerifyCosts, choose_block, measure_tree_costs
 from specdec.drafting.load import (
     DRAFTER_RUNTIMES,
     DrafterPlan,
+    check_corpus_for,
     check_drafter,
     check_drafter_fits,
     check_drafter_runtimes,
     check_kind_runtime,
     load_drafter,
 )
-from specdec.drafting.lookup import LOOKUP_BLOCK_SIZE
-from specdec.drafting.spec import DrafterSpec
+from specdec.drafting.lookup.prompt import LOOKUP_BLOCK_SIZE
+from specdec.drafting.registry import DrafterSpec
 from specdec.dtypes import check_device_dtype, resolve_dtype, torch_dtype
 from specdec.engine import DecodeConfig, check_request, decode_config, generate
 from specdec.extras import require
@@ -182,16 +183,14 @@ class RunSpec:
         dtype = None if self.dtype == "auto" else torch_dtype(self.dtype)
         for device in {self.device, self.verifier_device or self.device}:
             check_device_dtype(device, dtype)
-        spec = DrafterSpec.parse(self.drafter)
+        spec = DrafterSpec.parse(self.drafter)  # once: what follows takes the parsed value
         table = self._cost_table(spec)
         DraftPolicy(min_confidence=self.fixed_confidence, corpus_cut=self.corpus_cut)  # their ranges
         check_model(self.verifier, self.model)
         target = model_shape(self.verifier, self.model)
-        if self.corpus is not None:
-            from specdec.drafting.ngrams import check_corpus
-
-            check_corpus(self.corpus, drafter=spec.text, target=target)
         plan = check_drafter(spec)
+        if self.corpus is not None:
+            check_corpus_for(plan, self.corpus, target=target)
         check_kind_runtime(plan, self.drafter_runtime)
         folder = local_folder(self.model) if self.verifier != "stub" else None
         check_drafter_fits(plan, target, target_folder=folder)
@@ -214,7 +213,7 @@ class RunSpec:
                     "--costs is read only with --block-size auto, --min-confidence auto or --tree auto"
                 )
             return None
-        if spec.autoregressive or (self.auto_cut and spec.kind == "prompt-lookup"):
+        if spec.autoregressive or (self.auto_cut and spec.word == "prompt-lookup"):
             raise ValueError(f"auto block size / confidence cut need a DFlash drafter, not {self.drafter!r}")
         if not self.costs:
             return None

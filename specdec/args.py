@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from specdec.api import DRAFTER_RUNTIMES, LOOKUP_BLOCK_SIZE, RUNTIMES, RunSpec
-from specdec.drafting.model import MODEL_BLOCK_SIZE
+from specdec.drafting.draft_model.drafter import MODEL_BLOCK_SIZE
 from specdec.extras import missing_extra
 from specdec.grammar import GrammarSpec
 from specdec.kernels import MAX_VERIFY_TOKENS

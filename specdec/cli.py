@@ -198,7 +198,7 @@ def cmd_inspect_drafter(args: argparse.Namespace) -> int:
 
 def cmd_add_mtp(args: argparse.Namespace) -> int:
     """Copy an original checkpoint's MTP layers beside a conversion of it (a new file; nothing replaced)."""
-    from specdec.drafting.mtp import add_mtp
+    from specdec.drafting.mtp.torch import add_mtp
 
     print(add_mtp(args.source, args.target))
     return 0

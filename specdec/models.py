@@ -40,6 +40,8 @@ __all__ = [
 ]  # fmt: skip
 
 MANIFEST = "specdec-manifest.json"
+#: the stub verifier's model (`verifiers.stub.StubConfig`'s defaults): layers, hidden size, vocabulary
+STUB_SHAPE = (4, 64, 259)
 _FORMAT = 1  # bump when the conversion changes, so old folders are rebuilt instead of reused
 
 
@@ -156,10 +158,7 @@ def model_shape(runtime: str, model: str | None) -> SimpleNamespace | None:
     `vocab_size`): the stub's (runtime "stub"), a known model's (`ModelSpec.shape`), or a local folder's
     config.json; None where only the loaded runtime can tell (a hub repo id, a config it cannot read)."""
     if runtime == "stub":
-        from specdec.verifiers.stub import StubConfig
-
-        c = StubConfig()
-        layers, hidden, vocab, name = c.num_layers, c.hidden_size, c.vocab_size, "stub"
+        (layers, hidden, vocab), name = STUB_SHAPE, "stub"
     elif model in MODELS:
         (layers, hidden, vocab), name = MODELS[model].shape, model
     else:

@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 from test_server import Served  # noqa: E402
 from test_tools import HERMES_TEMPLATE, SCHEMAS, WEATHER  # noqa: E402
 
-from specdec.drafting.lookup import PromptLookupDrafter  # noqa: E402
+from specdec.drafting.lookup.prompt import PromptLookupDrafter  # noqa: E402
 from specdec.serve import build_app  # noqa: E402
 from specdec.stream import StreamingEngine  # noqa: E402
 from specdec.verifiers.stub import StubVerifier  # noqa: E402

@@ -17,8 +17,8 @@ import torch
 from strict import StrictDevice, StrictDeviceError
 from tinymodels import tiny_llama
 
-from specdec.drafting.checkpoint import DFlashConfig
-from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
+from specdec.drafting.dflash.config import DFlashConfig
+from specdec.drafting.dflash.torch import DFlashDrafter, DFlashDraftModel
 from specdec.sampling import Sampler, SamplingParams, sample_from, warp
 from specdec.stream import ChatSession, StreamingEngine
 from specdec.verifiers.stub import StubVerifier

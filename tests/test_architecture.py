@@ -88,6 +88,58 @@ def test_runtime_code_never_imports_evals():
     assert not bad, bad
 
 
+#: the packages, low to high: a module imports only modules of its own layer or below. The core (the
+#: package's own top-level modules) is lowest; the tools on top (API, command line, batching, training,
+#: the server, evals) highest. Verifiers sit below drafting and training.
+LAYERS = ("core", "specdec.bridges", "specdec.verifiers", "specdec.drafting", "top")
+TOP = ("specdec.api", "specdec.args", "specdec.batch", "specdec.cli", "specdec.console", "specdec.__main__",
+       "specdec.train", "specdec.serve", "specdec.evals")  # fmt: skip
+
+
+def _layer(module: str) -> int:
+    if module.startswith(TOP):
+        return LAYERS.index("top")
+    return next((i for i, p in enumerate(LAYERS) if module == p or module.startswith(p + ".")), 0)
+
+
+def test_packages_import_downward():
+    graph = _graph()
+    up = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if _layer(d) > _layer(m))
+    assert {_layer(m) for m in graph} == set(range(len(LAYERS))), "a layer matched no module"
+    assert not up, up
+
+
+def _kind_folder(module: str) -> str | None:
+    """The drafter kind's folder a module of `specdec.drafting` lives in, or None (the shared top)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["specdec", "drafting"] else None
+
+
+REGISTRY = "specdec.drafting.registry"
+LOOKUP_MIX = ("specdec.drafting.mix", "specdec.drafting.load")  # "+lookup": lookup before any kind
+
+
+def test_drafter_kinds_stay_in_their_folders():
+    """A kind's folder imports no other kind's, and the shared machinery at drafting's top reaches a kind
+    only through the registry's table (and the "+lookup" mix, which is lookup's)."""
+    graph = _graph()
+    kinds = {k for m in graph if (k := _kind_folder(m))}
+    assert {"dflash", "eagle3", "mtp", "lookup"} <= kinds, kinds
+    bad = []
+    for m, deps in graph.items():
+        if not m.startswith("specdec.drafting."):
+            continue
+        own = _kind_folder(m)
+        for d in deps:
+            other = _kind_folder(d)
+            if other is None or other == own:
+                continue
+            if own is None and (m == REGISTRY or (m in LOOKUP_MIX and other == "lookup")):
+                continue
+            bad.append(f"{m} -> {d}")
+    assert not bad, sorted(bad)
+
+
 #: the runtime's folders: functions stay under MAX_LINES lines unless the comment line right above says why,
 #: and under HARD_MAX_LINES whatever it says; modules under MAX_MODULE_LINES
 MAX_LINES, HARD_MAX_LINES, MAX_MODULE_LINES = 80, 100, 600

@@ -29,9 +29,9 @@ from threads import at_once
 from specdec.api import load_drafter
 from specdec.batch import Request, batch_of, generate_many
 from specdec.costs import MIN_BATCH_GAIN, knee
-from specdec.drafting.checkpoint import DFlashConfig
-from specdec.drafting.dflash import DFlashDrafter
-from specdec.drafting.dflash_model import DFlashDraftModel
+from specdec.drafting.dflash.config import DFlashConfig
+from specdec.drafting.dflash.model import DFlashDraftModel
+from specdec.drafting.dflash.torch import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.processors import LogitsParams
 from specdec.sampling import SamplingParams
@@ -89,7 +89,7 @@ def dflash(v: Any, *, mlx: bool = False) -> Any:
     )  # fmt: skip
     d = DFlashDrafter(DFlashDraftModel(cfg).to(torch.bfloat16))
     if mlx:
-        from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+        from specdec.drafting.dflash.mlx import MLXDFlashDrafter
 
         folder = Path(tempfile.mkdtemp())
         d = MLXDFlashDrafter.from_pretrained(d.save_pretrained(folder))
@@ -122,9 +122,9 @@ def requests(v: Any) -> list[Request]:
         elif kind == "prompt-lookup" or (kind == "model" and v.runtime == "stub"):  # no stub draft model
             d = load_drafter("prompt-lookup", verifier=v)
         elif kind == "corpus":  # corpus n-grams where prompt lookup has nothing
-            from specdec.drafting.lookup import PromptLookupDrafter
+            from specdec.drafting.lookup.ngrams import CorpusNgrams
+            from specdec.drafting.lookup.prompt import PromptLookupDrafter
             from specdec.drafting.mix import LookupFirstDrafter
-            from specdec.drafting.ngrams import CorpusNgrams
 
             table = CorpusNgrams([rep, [(11 * i) % 250 + 5 for i in range(40)], long])
             d = LookupFirstDrafter(PromptLookupDrafter(block_size=block), block_size=block, corpus=table)

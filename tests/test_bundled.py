@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from specdec.api import bundled_corpus, bundled_drafter, load_drafter
 from specdec.bundled import BUNDLED
-from specdec.drafting.checkpoint import load_checkpoint
+from specdec.drafting.dflash.config import load_checkpoint
 
 # model -> (hidden size, vocabulary, verifier layers) of its verifier; every entry of BUNDLED needs one
 SHAPES = {"smollm2-135m": (576, 49152, 30), "gemma3-270m": (640, 262144, 18)}
@@ -32,7 +32,7 @@ def test_bundled_drafter_is_public_format_bf16(model):
 
 @pytest.mark.parametrize("model", sorted(BUNDLED))
 def test_bundled_corpus_was_written_by_the_model(model):
-    from specdec.drafting.ngrams import check_corpus
+    from specdec.drafting.lookup.ngrams import check_corpus
 
     assert check_corpus(bundled_corpus(model))["vocab_size"] == SHAPES[model][1]
     assert bundled_corpus("llama-70b") is None

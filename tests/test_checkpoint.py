@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdec.drafting.checkpoint import (
+from specdec.drafting.dflash.config import (
     DFlashConfig,
     default_target_layer_ids,
     load_checkpoint,
@@ -16,7 +16,7 @@ from specdec.drafting.checkpoint import (
     public_param_shapes,
     save_checkpoint,
 )
-from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
+from specdec.drafting.dflash.torch import DFlashDrafter, DFlashDraftModel
 
 # Qwen3-8B-DFlash-b16's config.json, shrunk (hidden 4096 -> 32, 32/8 heads -> 4/2, 36 target layers kept)
 HUB_CONFIG = {

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3, tiny_qwen3], ids=["llama", "gemma3", "qwen3"])
 def test_continuous_batching_equals_generate(tmp_path, make):
-    from specdec.train.batched import generate_many
     from specdec.verifiers.hf import HFVerifier
+    from specdec.verifiers.hf_generate import generate_many
 
     v = HFVerifier(make(tmp_path / "m"))  # gemma3: window 16, passed by the longer rows
     g = torch.Generator().manual_seed(1)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_dflash import make_model, stub_cfg
 
-from specdec.drafting.dflash import DFlashDrafter
-from specdec.drafting.lookup import PromptLookupDrafter
+from specdec.drafting.dflash.torch import DFlashDrafter
+from specdec.drafting.lookup.prompt import PromptLookupDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.verifiers.stub import StubVerifier
 

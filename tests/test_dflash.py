@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.drafting.checkpoint import FULL, SLIDING, DFlashConfig
-from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
+from specdec.drafting.dflash.config import FULL, SLIDING, DFlashConfig
+from specdec.drafting.dflash.torch import DFlashDrafter, DFlashDraftModel
 from specdec.drafting.policy import DraftPolicy
 from specdec.engine import DecodeConfig, generate
 from specdec.protocols import Drafter

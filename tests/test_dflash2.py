@@ -1,6 +1,6 @@
 """DFlash2 drafters (the public `DFlash2DraftModel` format) in both drafter runtimes.
 
-The reference is written here from the format's description (`specdec.drafting.dflash2`'s docstring),
+The reference is written here from the format's description (`specdec.drafting.dflash.dflash2`'s docstring),
 slowly and without a cache: every convolution tap, candidate score and attention pair spelled out. The
 fast paths (cached block forward, vectorised convolution, the selector's walk; torch and MLX) must
 match it; speculative output with a random DFlash2 drafter must equal autoregressive output; a sampled
@@ -17,8 +17,8 @@ import pytest
 import torch
 from test_dflash import PLAN, _ref_rope, bound, feed, make_fns, make_model
 
-from specdec.drafting.checkpoint import DFlash2Config, DFlashConfig, check_checkpoint, load_config
-from specdec.drafting.dflash import DFlashDrafter
+from specdec.drafting.dflash.config import DFlash2Config, DFlashConfig, check_checkpoint, load_config
+from specdec.drafting.dflash.torch import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.verifiers.stub import StubConfig, StubVerifier
 

@@ -17,9 +17,9 @@ pytest.importorskip("mlx_lm")
 import mlx.core as mx
 
 from specdec.costs import VerifyCosts
-from specdec.drafting.checkpoint import DFlash2Config, DFlashConfig
-from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
-from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+from specdec.drafting.dflash.config import DFlash2Config, DFlashConfig
+from specdec.drafting.dflash.mlx import MLXDFlashDrafter
+from specdec.drafting.dflash.torch import DFlashDrafter, DFlashDraftModel
 from specdec.drafting.policy import DraftPolicy
 from specdec.engine import DecodeConfig, generate
 from specdec.verifiers.mlx import MLXVerifier
@@ -38,7 +38,7 @@ FAMILIES = {
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
 
-#: a DFlash2 drafter's extra parts (`specdec.drafting.dflash2`), with a read-out multiplier and cap
+#: a DFlash2 drafter's extra parts (`specdec.drafting.dflash.dflash2`), with a read-out multiplier and cap
 DFLASH2 = DFlash2Config(
     conv_kernel_size=2,
     conv_group_size=16,

@@ -1,5 +1,5 @@
 """A small causal LM of the verifier's tokenizer as the drafter (`--drafter model:...`,
-`specdec.drafting.model.ModelDrafter`): exact output with any draft model on every runtime, every draft
+`drafting.draft_model.drafter.ModelDrafter`): exact output with any draft model on every runtime, every draft
 accepted when the draft model is the verifier's own model (so its cache always holds exactly the
 committed context plus its drafts), after rollbacks, stop cuts and multi-turn reuse; hybrid and
 sliding-window draft models; tokenizer mismatch refused before the draft model's weights load."""
@@ -14,7 +14,7 @@ import pytest
 from drafters import assert_turns_equal_fresh_runs, greedy_reference
 
 from specdec.api import load_drafter
-from specdec.drafting.model import ModelDrafter, tokenizer_mismatch
+from specdec.drafting.draft_model.drafter import ModelDrafter, tokenizer_mismatch
 from specdec.drafting.policy import DraftPolicy
 from specdec.engine import DecodeConfig, generate
 from specdec.protocols import RollbackError

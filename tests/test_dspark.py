@@ -1,4 +1,4 @@
-"""DSpark drafters (`specdec.drafting.dspark`): a DFlash backbone with a Markov head and a confidence head.
+"""DSpark drafters (`drafting.dflash.dspark`): a DFlash backbone with a Markov head and a confidence head.
 Drafts equal mlx-vlm 0.7.10's `dspark` drafter step by step on a tiny random checkpoint; output equals AR
 and the runtimes' own greedy generation on the HF and MLX verifiers with both drafter runtimes; the
 confidence head feeds the draft policy's cut; the rejection rule keeps the verifier's distribution with
@@ -18,9 +18,9 @@ import tinymodels
 from test_checkpoint import random_state
 
 from specdec.api import load_drafter
-from specdec.drafting.checkpoint import DFlashConfig
-from specdec.drafting.dflash import DFlashDrafter
-from specdec.drafting.dspark import DSparkParams
+from specdec.drafting.dflash.config import DFlashConfig
+from specdec.drafting.dflash.dspark import DSparkParams
+from specdec.drafting.dflash.torch import DFlashDrafter
 from specdec.drafting.load import check_drafter
 from specdec.drafting.policy import running_cut
 from specdec.engine import DecodeConfig, generate

@@ -1,4 +1,4 @@
-"""EAGLE-3 drafters (`specdec.drafting.eagle3`, `eagle3_mlx`): the three checkpoint dialects read, drafts
+"""EAGLE-3 drafters (`drafting.eagle3`: torch, mlx): the three checkpoint dialects read, drafts
 equal to an independent reference (`eagle3ckpt.reference_draft`, from vLLM's and speculators' code) and to
 mlx-vlm 0.7.10's drafter through accept-all / accept-none / partial steps and rollbacks; output equal to
 the runtime's own greedy generation on the HF and MLX verifiers with both drafter runtimes, chains and
@@ -22,11 +22,11 @@ import tinymodels  # noqa: E402
 from drafters import assert_turns_equal_fresh_runs, drafter_logits, scripted_steps  # noqa: E402
 
 from specdec.api import load_drafter  # noqa: E402
-from specdec.drafting.eagle3 import Eagle3Drafter  # noqa: E402
-from specdec.drafting.eagle3_config import read_eagle3  # noqa: E402
-from specdec.drafting.formats import identify  # noqa: E402
+from specdec.drafting.eagle3.config import read_eagle3  # noqa: E402
+from specdec.drafting.eagle3.torch import Eagle3Drafter  # noqa: E402
 from specdec.drafting.load import check_drafter, check_drafter_fits  # noqa: E402
 from specdec.engine import DecodeConfig, generate  # noqa: E402
+from specdec.formats import identify  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 from specdec.tree import TreeBudget  # noqa: E402
 from specdec.verifiers.hf import HFVerifier  # noqa: E402
@@ -77,7 +77,7 @@ def test_dialects_identified_and_read(ckpts):
         folder = ckpts[name]
         raw = json.loads((folder / "config.json").read_text())
         fmt = identify(raw, {p.name for p in folder.iterdir()})
-        assert (fmt.kind, fmt.dialect) == ("eagle3", dialect), name
+        assert (fmt.family, fmt.dialect) == ("eagle3", dialect), name
         cfg = read_eagle3(folder, raw, dialect=dialect)
         assert cfg.has_embed == bool(kw.get("embed")) and cfg.num_layers == kw.get("layers", 1)
         assert cfg.aux_layer_ids == (tuple(kw["aux"]) if kw["aux"] else None)
@@ -391,7 +391,7 @@ def test_peagle_drafts_equal_the_reference_and_output_is_greedy(peagle, hf, mlxv
     """Every proposal equals speculators' P-EAGLE forward recomputed from scratch (the context rows, then
     mask rows) through accepted, rejected and partial steps and rollbacks; output equals the runtimes' own
     greedy generation, in chains, trees and seeded sampling, in both drafter runtimes."""
-    from specdec.drafting.eagle3 import PEagleDrafter
+    from specdec.drafting.eagle3.torch import PEagleDrafter
 
     d = load_drafter(str(peagle), verifier=hf, block_size=5)
     assert isinstance(d, PEagleDrafter) and not d.walks

@@ -164,7 +164,7 @@ def test_records_timings_and_memory(verifier, refs):
 
 @pytest.mark.parametrize("bs", [2, 8, 16])
 def test_prompt_lookup_drafter_exact(verifier, bs):
-    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
 
     prompt = verifier.tokenizer.encode("the cat sat on the mat; the cat sat on the")
     ar = generate(verifier, prompt, cfg=DecodeConfig(max_new_tokens=60, block_size=1))
@@ -176,7 +176,7 @@ def test_prompt_lookup_drafter_exact(verifier, bs):
 
 
 def test_prompt_lookup_rollback():
-    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
 
     d = PromptLookupDrafter(block_size=8)
     d.extend(torch.empty(6, 0), [1, 2, 3, 1, 2, 3])

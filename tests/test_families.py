@@ -28,8 +28,8 @@ import tinymodels  # noqa: E402
 
 from specdec.bridges.mlx import text_model  # noqa: E402
 from specdec.compat import config_fixes  # noqa: E402
-from specdec.drafting.checkpoint import save_checkpoint  # noqa: E402
-from specdec.drafting.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel  # noqa: E402
+from specdec.drafting.dflash.config import save_checkpoint  # noqa: E402
+from specdec.drafting.dflash.torch import DFlashConfig, DFlashDrafter, DFlashDraftModel  # noqa: E402
 from specdec.engine import DecodeConfig, generate  # noqa: E402
 from specdec.verifiers.hf import HFVerifier  # noqa: E402
 from specdec.verifiers.mlx import MLXVerifier  # noqa: E402
@@ -406,7 +406,7 @@ def test_public_drafter_config_loads_binds_and_decodes_exactly(tmp_path, verifie
 
 
 def test_drafter_mismatches_fail_clearly(tmp_path, verifiers):
-    from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+    from specdec.drafting.dflash.mlx import MLXDFlashDrafter
 
     g_cfg = DFlashConfig.from_dict(public_drafter_config("gemma4", 6))
     q_cfg = DFlashConfig.from_dict(public_drafter_config("qwen3", 8))

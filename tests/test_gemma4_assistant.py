@@ -1,4 +1,4 @@
-"""Gemma-4 assistant drafters (`specdec.drafting.gemma4_assistant*`) on tiny random Gemma 4 targets (dense
+"""Gemma-4 assistant drafters (`drafting.gemma4_assistant`) on tiny random Gemma 4 targets (dense
 E2B-like with KV-shared layers, MoE 26B-like with K=V full layers) and tiny random assistants (dense and
 centroid-sparse heads), fp32, sliding windows far shorter than the contexts. Drafts and logits equal
 transformers 5.25's `SinglePositionMultiTokenCandidateGenerator` (Google's code path) recomputed from the
@@ -20,7 +20,7 @@ import tinymodels
 from drafters import assert_turns_equal_fresh_runs, scripted_steps
 
 from specdec.api import load_drafter
-from specdec.drafting.gemma4_assistant import AssistantDrafter
+from specdec.drafting.gemma4_assistant.torch import AssistantDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.sampling import SamplingParams
 from specdec.verifiers.hf import HFVerifier
@@ -263,7 +263,7 @@ def test_mlx_drafts_equal_transformers_candidate_generator(folders, kind):
     """The MLX drafter on the MLX verifier's own K/V and hidden states: transformers' candidates, logits
     to 1e-3, through the scripted steps and rollbacks."""
     pytest.importorskip("mlx_lm")
-    from specdec.drafting.gemma4_assistant_mlx import MLXAssistantDrafter
+    from specdec.drafting.gemma4_assistant.mlx import MLXAssistantDrafter
     from specdec.verifiers.mlx import MLXVerifier
 
     v = MLXVerifier(target_of(folders, kind))
@@ -295,7 +295,7 @@ def test_kv_shapes_in_both_config_forms():
     """Released configs name the full layers' K/V shape at the top (`global_head_dim`, with K = V
     `num_global_key_value_heads`); transformers 5.25 writes per-layer overrides, keyed by the index
     zero-padded to the widest one."""
-    from specdec.drafting.gemma4_assistant_config import gemma4_text, kv_shape, kv_source_layers
+    from specdec.drafting.gemma4_assistant.config import gemma4_text, kv_shape, kv_source_layers
 
     types = (["sliding_attention"] * 5 + ["full_attention"]) * 2
     released = {"layer_types": types, "num_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512,
@@ -416,7 +416,7 @@ def test_mlx_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_pa
     from test_sampling import V as SV
     from test_sampling import check_walk_distribution
 
-    from specdec.drafting.gemma4_assistant_mlx import MLXAssistantDrafter
+    from specdec.drafting.gemma4_assistant.mlx import MLXAssistantDrafter
     from specdec.verifiers.mlx import MLXVerifier
 
     t = tinymodels.tiny_gemma4(tmp_path / "t", sliding_window=2, vocab=SV)

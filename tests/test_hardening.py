@@ -20,7 +20,7 @@ from tinymodels import tiny_gemma3, tiny_tokenizer
 
 from specdec.args import run_command
 from specdec.cli import main
-from specdec.drafting.checkpoint import DFlashConfig, save_checkpoint
+from specdec.drafting.dflash.config import DFlashConfig, save_checkpoint
 from specdec.models import GEMMA3_CHAT_TEMPLATE
 from specdec.protocols import RollbackError
 from specdec.stream import ChatSession, StreamingEngine
@@ -439,7 +439,7 @@ def test_interrupt_is_exit_1_and_os_errors_are_one_line(capsys):
 
 
 def test_init_from_a_truncated_checkpoint_is_an_error(tmp_path):
-    from specdec.drafting.checkpoint import load_checkpoint
+    from specdec.drafting.dflash.config import load_checkpoint
 
     folder = _stub_drafter_folder(tmp_path / "d")
     _truncate(folder / "model.safetensors")

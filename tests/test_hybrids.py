@@ -28,9 +28,9 @@ import parity  # noqa: E402
 import tinymodels  # noqa: E402
 from measured import exact_or_measured_not  # noqa: E402
 
-from specdec.drafting.checkpoint import save_checkpoint  # noqa: E402
-from specdec.drafting.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel  # noqa: E402
-from specdec.drafting.lookup import PromptLookupDrafter  # noqa: E402
+from specdec.drafting.dflash.config import save_checkpoint  # noqa: E402
+from specdec.drafting.dflash.torch import DFlashConfig, DFlashDrafter, DFlashDraftModel  # noqa: E402
+from specdec.drafting.lookup.prompt import PromptLookupDrafter  # noqa: E402
 from specdec.engine import DecodeConfig, generate  # noqa: E402
 from specdec.protocols import RollbackError  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
@@ -373,7 +373,7 @@ def public_drafter_config(arch: str, num_target_layers: int) -> dict:
 def test_public_drafter_configs_load_bind_and_decode_exactly(
     verifiers, refs, tmp_path, rt, drafter_rt, style
 ):
-    from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+    from specdec.drafting.dflash.mlx import MLXDFlashDrafter
 
     arch = "qwen3_5"
     v = verifiers[rt, arch]

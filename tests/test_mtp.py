@@ -1,4 +1,4 @@
-"""`--drafter mtp` (`specdec.drafting.mtp`): the verifier's own MTP layers on tiny Qwen3.5 (dense, MoE,
+"""`--drafter mtp` (`specdec.drafting.mtp.torch`): the verifier's own MTP layers on tiny Qwen3.5 (dense, MoE,
 multimodal checkpoint) and Qwen3-Next models with MTP weights as the real checkpoints ship them. Drafts and
 logits equal transformers 5.25's own MTP layer (`MtpModel`) recomputed from scratch at every depth on the
 main model's own normed hidden states, through accept-all / accept-none / partial steps and rollbacks;
@@ -19,7 +19,7 @@ import tinymodels
 from drafters import assert_turns_equal_fresh_runs, scripted_steps
 
 from specdec.api import load_drafter
-from specdec.drafting.mtp import MtpDrafter, load_mtp_model
+from specdec.drafting.mtp.torch import MtpDrafter, load_mtp_model
 from specdec.engine import DecodeConfig, generate
 from specdec.sampling import SamplingParams
 from specdec.verifiers.hf import HFVerifier
@@ -84,7 +84,7 @@ def test_mlx_drafts_equal_transformers_mtp_layer(folders, fam):
     """On the MLX verifier (mlx_lm drops the mtp.* weights; the layer is built from its own layer class):
     the same drafts and logits (to 1e-4) as transformers' MTP layer on transformers' hidden states."""
     pytest.importorskip("mlx_lm")
-    from specdec.drafting.mtp_mlx import MLXMtpDrafter
+    from specdec.drafting.mtp.mlx import MLXMtpDrafter
     from specdec.verifiers.mlx import MLXVerifier
 
     v = MLXVerifier(folders[fam])
@@ -221,7 +221,7 @@ def test_split_folder_drafts_equal_transformers_mtp_layer(folders, tmp_path, fam
     what transformers' MTP layer does on transformers' hidden states, through accepted, rejected and
     partial steps and rollbacks: the same drafter as `--drafter mtp`, its weights from the folder."""
     pytest.importorskip("mlx_vlm")
-    from specdec.drafting.mtp_mlx import MLXMtpDrafter
+    from specdec.drafting.mtp.mlx import MLXMtpDrafter
     from specdec.verifiers.mlx import MLXVerifier
 
     split = split_by_mlx_vlm(folders[fam], tmp_path / "split")
@@ -377,7 +377,7 @@ def test_add_mtp_beside_a_quantized_moe_keeps_its_recipe(folders, tmp_path, reci
     from mlx_lm.utils import quantize_model, save_config, save_model
 
     from specdec.cli import main
-    from specdec.drafting.mtp_mlx import _full_attention_index
+    from specdec.drafting.mtp.mlx import _full_attention_index
     from specdec.verifiers.mlx import MLXVerifier
 
     src = tinymodels.tiny_tokenizer(folders["qwen3_5_moe"])
@@ -459,7 +459,7 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_path, 
         v, cls = ref, MtpDrafter
     else:
         pytest.importorskip("mlx_lm")
-        from specdec.drafting.mtp_mlx import MLXMtpDrafter as cls
+        from specdec.drafting.mtp.mlx import MLXMtpDrafter as cls
         from specdec.verifiers.mlx import MLXVerifier
 
         v = MLXVerifier(t)
@@ -524,8 +524,8 @@ def test_mlx_vlm_peer_is_skipped_with_its_reason_where_it_cannot_run(tmp_path):
     pytest.importorskip("mlx_vlm")
     from test_families import public_drafter_config
 
-    from specdec.drafting.checkpoint import save_checkpoint
-    from specdec.drafting.dflash import DFlashConfig, DFlashDraftModel
+    from specdec.drafting.dflash.config import save_checkpoint
+    from specdec.drafting.dflash.torch import DFlashConfig, DFlashDraftModel
     from specdec.evals.peers import VLM, peer_runners
     from specdec.verifiers.mlx import MLXVerifier
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.drafting.ngrams import CorpusNgrams
+from specdec.drafting.lookup.ngrams import CorpusNgrams
 
 
 def reference(seqs, max_order, min_count):
@@ -110,7 +110,7 @@ def test_calibration_scales_by_what_a_request_showed():
 
 def test_calibration_lengthens_a_cut_where_drafts_keep_being_accepted():
     from specdec.costs import VerifyCosts
-    from specdec.drafting.lookup import lookup_accept
+    from specdec.drafting.lookup.prompt import lookup_accept
     from specdec.drafting.policy import Calibration, Draft, DraftPolicy
 
     policy = DraftPolicy(costs=VerifyCosts((1.0, 1.2, 1.5, 1.8, 2.1), "t"))
@@ -131,8 +131,8 @@ def test_calibration_lengthens_a_cut_where_drafts_keep_being_accepted():
 def test_lookup_follows_the_longest_match():
     """`LookupFirstDrafter` proposes what followed the longest earlier match, not the latest short one, and
     prices it by that length (a match longer than the table's last row takes that row)."""
-    from specdec.drafting.lookup import LOOKUP_ACCEPT, LOOKUP_NGRAMS, PromptLookupDrafter
-    from specdec.drafting.lookup import lookup_accept as chances
+    from specdec.drafting.lookup.prompt import LOOKUP_ACCEPT, LOOKUP_NGRAMS, PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import lookup_accept as chances
     from specdec.drafting.mix import LookupFirstDrafter
 
     lookup = LookupFirstDrafter(PromptLookupDrafter(block_size=4), block_size=4).lookup
@@ -146,8 +146,8 @@ def test_lookup_follows_the_longest_match():
 def test_lookup_chances_are_what_the_bundled_corpus_shows(capsys):
     """`LOOKUP_ACCEPT` is reproducible: `python -m specdec.evals.chances` on the bundled corpus prints it,
     and loading that corpus for the engine measures the same."""
-    from specdec.drafting.lookup import LOOKUP_ACCEPT
-    from specdec.drafting.ngrams import check_corpus, load_corpus_ngrams
+    from specdec.drafting.lookup.ngrams import check_corpus, load_corpus_ngrams
+    from specdec.drafting.lookup.prompt import LOOKUP_ACCEPT
     from specdec.evals.chances import main
 
     corpus = "bundled:smollm2-135m"  # the folder shipped in the package, found from any directory
@@ -161,7 +161,7 @@ def test_a_corpus_prices_lookup_by_its_own_chances():
     """`LookupFirstDrafter` with a corpus that carries lookup chances cuts lookup's drafts by them (a row
     it lacks falls back to `LOOKUP_ACCEPT`)."""
     from specdec.costs import VerifyCosts
-    from specdec.drafting.lookup import LOOKUP_ACCEPT, PromptLookupDrafter, lookup_accept
+    from specdec.drafting.lookup.prompt import LOOKUP_ACCEPT, PromptLookupDrafter, lookup_accept
     from specdec.drafting.mix import LookupFirstDrafter
     from specdec.drafting.policy import DraftPolicy
 
@@ -182,7 +182,7 @@ def test_a_corpus_prices_lookup_by_its_own_chances():
 
 
 def test_lookup_chances_of_a_text_that_repeats_itself():
-    from specdec.drafting.lookup import lookup_chances
+    from specdec.drafting.lookup.prompt import lookup_chances
 
     prompt = list(range(100, 140))
     got = lookup_chances([(prompt, prompt * 2)], min_tries=1)

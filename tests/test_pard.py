@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from specdec.api import load_drafter
+from specdec.drafting.draft_model.drafter import ModelDrafter
 from specdec.drafting.load import check_drafter
-from specdec.drafting.model import ModelDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.sampling import SamplingParams
 from specdec.verifiers.stub import StubConfig, StubVerifier

@@ -116,7 +116,7 @@ def test_the_mlx_drafter_decodes_turns_on_threads_of_their_own(tmp_path: Path):
     import tinymodels
     from test_dflash_mlx import _checkpoint
 
-    from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+    from specdec.drafting.dflash.mlx import MLXDFlashDrafter
     from specdec.models import GEMMA3_CHAT_TEMPLATE
     from specdec.verifiers.mlx import MLXVerifier
 

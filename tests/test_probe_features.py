@@ -279,7 +279,7 @@ def test_an_interrupted_add_mtp_leaves_no_staging_file_that_a_rerun_keeps(
     its staging file is now `.mtp.safetensors.<random>.tmp`, removed when it fails and by the next run."""
     import safetensors.torch
 
-    from specdec.drafting.mtp import MTP_FILE
+    from specdec.drafting.mtp.torch import MTP_FILE
 
     conv = tmp_path / "conv"
     conv.mkdir()
@@ -339,7 +339,7 @@ def test_an_interrupted_or_refused_run_leaves_no_staging_file(tmp_path, monkeypa
     assert main(["generate", "--prompt", "hello", "--max-new-tokens", "4", "--out", str(out)]) == 0
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["r.json", "r.steps.jsonl"]
 
-    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
     from specdec.engine import DecodeConfig
     from specdec.evals import run as run_mod
     from specdec.evals.datasets import PromptRecord

@@ -97,7 +97,7 @@ def test_the_server_keeps_reasoning_apart(tmp_path) -> None:
     from test_server import Served
     from tinymodels import tiny_llama, tiny_tokenizer
 
-    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
     from specdec.serve import build_app
     from specdec.stream import StreamingEngine
     from specdec.verifiers.hf import HFVerifier
@@ -140,7 +140,7 @@ def test_the_server_splits_reasoning_written_in_special_tokens(tmp_path) -> None
     from test_server import Served
     from tinymodels import tiny_llama, tiny_tokenizer
 
-    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
     from specdec.serve import build_app
     from specdec.stream import StreamingEngine
     from specdec.verifiers.hf import HFVerifier

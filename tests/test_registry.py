@@ -11,30 +11,46 @@ from pathlib import Path
 
 import pytest
 
-import specdec.drafting.checkpoint as checkpoint
+import specdec.drafting.dflash.config as checkpoint
 from specdec.api import RunSpec, load
 from specdec.drafting.load import check_drafter
-from specdec.drafting.registry import KINDS, READABLE, kind_for, read_checkpoint
-from specdec.drafting.spec import DrafterSpec
+from specdec.drafting.registry import KINDS, READABLE, DrafterSpec, kind_for, plan, read_checkpoint
 
 
 @pytest.mark.parametrize(
-    ("text", "kind", "source", "lookup"),
+    ("text", "word", "source", "lookup"),
     [
         (None, "none", "", False),
         ("none", "none", "", False),
         ("prompt-lookup", "prompt-lookup", "", False),
+        ("mtp+lookup", "mtp", "", True),
         ("model:smollm2-135m", "model", "smollm2-135m", False),
         ("model:/x/y+lookup", "model", "/x/y", True),
-        ("bundled:smollm2-135m+lookup", "checkpoint", "bundled:smollm2-135m", True),
-        ("z-lab/Qwen3-8B-DFlash-b16", "checkpoint", "z-lab/Qwen3-8B-DFlash-b16", False),
+        ("bundled:smollm2-135m+lookup", "", "bundled:smollm2-135m", True),
+        ("z-lab/Qwen3-8B-DFlash-b16", "", "z-lab/Qwen3-8B-DFlash-b16", False),
     ],
 )
-def test_the_drafter_grammar(text, kind, source, lookup):
+def test_the_drafter_grammar(text, word, source, lookup):
     spec = DrafterSpec.parse(text)
-    assert (spec.kind, spec.source, spec.lookup) == (kind, source, lookup)
-    assert spec.base.lookup is False and spec.base.kind == kind
+    assert (spec.word, spec.source, spec.lookup) == (word, source, lookup)
+    assert spec.base.lookup is False and spec.base.word == word
     assert DrafterSpec.parse(spec) is spec
+    if word:  # a word's kind is the registry entry of that word: the one table decides
+        assert plan(spec if word != "model" else "model:stub").kind.word.removesuffix(":") == word
+
+
+def test_every_drafter_value_is_an_entry_of_one_table():
+    """The grammar's words and the checkpoint kinds are entries of `KINDS`, each with its loop; a word's
+    kind and a checkpoint's kind are found the same way (`plan`), and the old names still work, warning."""
+    assert [k.word for k in KINDS if k.word] == ["none", "prompt-lookup", "model:", "mtp"]
+    assert {k.loop for k in KINDS} == {"none", "lookup", "model", "chain", "block", "assistant"}
+    assert len({k.name for k in KINDS}) == len(KINDS)
+    assert plan("bundled:smollm2-135m+lookup").kind.loop == "block"
+    with pytest.warns(DeprecationWarning, match="DrafterSpec.kind"):
+        assert DrafterSpec.parse("bundled:x").kind == "checkpoint"
+    with pytest.warns(DeprecationWarning, match="moved to specdec.drafting.registry"):
+        from specdec.drafting.spec import DrafterSpec as Old
+    assert Old is DrafterSpec
 
 
 @pytest.mark.parametrize(
@@ -48,13 +64,13 @@ def test_malformed_drafter_specs_are_one_line(text, says):
 
 
 def test_every_readable_format_has_exactly_one_kind():
-    from specdec.drafting.formats import Format
+    from specdec.formats import Format
 
     assert {("dflash", "public"), ("dflash2", "public"), ("eagle3", "speculators")} <= READABLE
     for pair in READABLE:
         assert sum(pair in k.formats for k in KINDS) == 1 and kind_for(Format(*pair)) is not None
     assert kind_for(Format("dflash", "speculators")).name == "dflash"
-    assert kind_for(Format("dspark", "speculators")) is None and kind_for(Format("medusa", "")) is None
+    assert kind_for(Format("dspark", "speculators")) is None and kind_for(Format("eagle", "")) is None
     assert len({k.name for k in KINDS}) == len(KINDS)
 
 
@@ -63,7 +79,7 @@ def test_a_bundled_checkpoint_is_read_by_its_kind():
     assert ckpt.kind.name == "dflash" and ckpt.header.block_size > 1
     assert ckpt.name == "smollm2-135m-dflash" and (ckpt.folder / "config.json").is_file()
     plan = check_drafter("bundled:smollm2-135m+lookup")
-    assert plan.checkpoint is not None and plan.trees and plan.block_size == ckpt.header.block_size
+    assert plan.folder is not None and plan.trees and plan.block_size == ckpt.header.block_size
 
 
 def test_a_run_reads_the_checkpoint_config_once(tmp_path: Path, monkeypatch):
@@ -71,7 +87,7 @@ def test_a_run_reads_the_checkpoint_config_once(tmp_path: Path, monkeypatch):
     read (before: the config and the header were read again when the drafter loaded)."""
     from test_hardening import _stub_drafter_folder
 
-    import specdec.drafting.dflash as dflash
+    import specdec.drafting.dflash.torch as dflash
 
     folder = _stub_drafter_folder(tmp_path / "d")
     reads: list[str] = []
@@ -91,4 +107,4 @@ def test_a_run_reads_the_checkpoint_config_once(tmp_path: Path, monkeypatch):
 def test_specdec_help_lists_the_kinds():
     out = subprocess.run([sys.executable, "-m", "specdec", "--help"], capture_output=True, text=True).stdout
     text = " ".join(out.split())
-    assert all(f"{k.name}: " in text for k in KINDS) and "model:<folder" in text
+    assert all(f"{k.name}: " in text for k in KINDS if k.formats) and "model:<folder" in text

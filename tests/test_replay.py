@@ -10,9 +10,9 @@ import pytest
 import torch
 from test_dflash import make_model, stub_cfg
 
-from specdec.drafting.dflash import DFlashDrafter
+from specdec.drafting.dflash.torch import DFlashDrafter
+from specdec.drafting.lookup.ngrams import CorpusNgrams
 from specdec.drafting.mix import LookupFirstDrafter
-from specdec.drafting.ngrams import CorpusNgrams
 from specdec.drafting.policy import DraftPolicy
 from specdec.engine import DecodeConfig, generate
 from specdec.evals.replay import Position, Trace, first_draft_agreement, measure_costs, record, replay
@@ -289,7 +289,7 @@ def test_cost_cut_policy_equals_the_engine_on_the_stub(relative):
 
 def test_lookup_first_drafter_calibrates_per_request_from_its_commits():
     from specdec.costs import VerifyCosts
-    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
 
     verifier = StubVerifier()
     cfg = DecodeConfig(max_new_tokens=40, block_size=16)

@@ -104,7 +104,7 @@ def test_a_reused_prefix_equals_a_fresh_prefill_in_bf16(tmp_path):
     """A later turn prefills only its new tokens after a cached prefix; a fresh run prefills everything
     on an empty cache (the call transformers passes no mask for). With a non-causal fresh prefill the
     two disagreed (a server's answer changed after an unrelated request, SmolLM2-135M bf16)."""
-    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
     from specdec.stream import StreamingEngine
 
     v = HFVerifier(tinymodels.tiny_tokenizer(tinymodels.tiny_llama(tmp_path / "m")), dtype=torch.bfloat16)

@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 
 from threads import at_once  # noqa: E402
 
-from specdec.drafting.lookup import PromptLookupDrafter  # noqa: E402
+from specdec.drafting.lookup.prompt import PromptLookupDrafter  # noqa: E402
 from specdec.serve import build_app  # noqa: E402
 from specdec.stream import StreamingEngine  # noqa: E402
 from specdec.verifiers.stub import StubVerifier  # noqa: E402

@@ -1,4 +1,4 @@
-"""DFlash drafters in the speculators container (`specdec.drafting.speculators`): a public DFlash checkpoint
+"""DFlash drafters in the speculators container (`drafting.dflash.speculators`): a public DFlash checkpoint
 converted as speculators' own converter does (aux ids = z-lab ids + 1, `transformer_layer_config`,
 `speculators_config`, training-only weights beside) drafts exactly as the public one, in both drafter
 runtimes, with the full vocabulary (the verifier's head) and with a draft vocabulary (its own `lm_head`
@@ -18,7 +18,7 @@ import tinymodels
 from test_checkpoint import random_state
 
 from specdec.api import load_drafter
-from specdec.drafting.checkpoint import DFlashConfig, save_checkpoint
+from specdec.drafting.dflash.config import DFlashConfig, save_checkpoint
 from specdec.drafting.load import check_drafter
 from specdec.engine import DecodeConfig, generate
 from specdec.verifiers.hf import HFVerifier
@@ -90,10 +90,8 @@ def test_a_speculators_dflash_drafts_as_the_public_one(tmp_path, llama, vocab, r
         head = verifier.model.lm_head.weight.detach()[torch.tensor(vocab)].clone()
     spec = _as_speculators(tmp_path / "spec", cfg, state, head)
     plan = check_drafter(str(spec))
-    assert plan.checkpoint.kind.name == "dflash" and plan.checkpoint.header.dialect == "speculators"
-    assert plan.checkpoint.header.target_layer_ids == (0, 2) and plan.checkpoint.header.own_lm_head == (
-        head is not None
-    )
+    assert plan.kind.name == "dflash" and plan.header.dialect == "speculators"
+    assert plan.header.target_layer_ids == (0, 2) and plan.header.own_lm_head == (head is not None)
     public = load_drafter(str(folder), verifier=v, runtime=runtime)
     ours = load_drafter(str(spec), verifier=v, runtime=runtime)
     dc = DecodeConfig(max_new_tokens=24, block_size=6, stop_token_ids=frozenset())

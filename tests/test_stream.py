@@ -16,7 +16,7 @@ import pytest
 from drafters import ScriptedDrafter
 
 from specdec.chat import encode_prompt
-from specdec.drafting.lookup import PromptLookupDrafter
+from specdec.drafting.lookup.prompt import PromptLookupDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.sampling import SamplingParams
 from specdec.stream import ChatSession, Detokenizer, StreamingEngine, text_decoder

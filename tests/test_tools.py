@@ -225,7 +225,7 @@ def test_the_openai_client_tools_loop(tool_model) -> None:
     import httpx
     from test_server import Served
 
-    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
     from specdec.serve import build_app
     from specdec.stream import StreamingEngine
     from specdec.verifiers.hf import HFVerifier
@@ -393,7 +393,7 @@ def test_the_python_api_tools_loop(tool_model) -> None:
     """Without HTTP: a ChatSession with tools; a forced call comes back in `result.message["tool_calls"]`
     (valid, and no call text in the streamed content), goes into the conversation with its result, and the
     model answers in text; `response_format` on `StreamingEngine.stream`; contradictory options refused."""
-    from specdec.drafting.lookup import PromptLookupDrafter
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
     from specdec.stream import ChatSession, StreamingEngine
     from specdec.verifiers.hf import HFVerifier
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
+from specdec.drafting.dflash.torch import DFlashDrafter, DFlashDraftModel
 from specdec.engine import DecodeConfig, generate
 from specdec.train import (
     Batch,
@@ -460,8 +460,8 @@ def test_init_layers_copies_verifier_layers(tmp_path):
     pytest.importorskip("transformers")
     import tinymodels
 
-    from specdec.drafting.checkpoint import DFlashConfig
-    from specdec.drafting.dflash import DFlashDraftModel
+    from specdec.drafting.dflash.config import DFlashConfig
+    from specdec.drafting.dflash.torch import DFlashDraftModel
     from specdec.train.loop import layers_from_verifier
     from specdec.verifiers.hf import HFVerifier
 
@@ -500,8 +500,8 @@ def test_new_train_options_are_checked(tmp_path):
         tiny(tmp_path, repeat_weight=0.0).validate()
     with pytest.raises(ValueError, match="give init_from or init_layers, not both"):
         tiny(tmp_path, init_from="x", init_layers=(0,)).validate()
-    from specdec.drafting.checkpoint import DFlashConfig
-    from specdec.drafting.dflash import DFlashDraftModel
+    from specdec.drafting.dflash.config import DFlashConfig
+    from specdec.drafting.dflash.torch import DFlashDraftModel
     from specdec.train.loop import layers_from_verifier
 
     cfg = DFlashConfig(

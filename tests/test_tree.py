@@ -30,7 +30,7 @@ from test_sampling import (
 )
 from tinymodels import tiny_gemma3, tiny_gpt_oss, tiny_llama, tiny_qwen3, tiny_qwen3_5
 
-from specdec.drafting.dflash import DFlashDrafter
+from specdec.drafting.dflash.torch import DFlashDrafter
 from specdec.engine import DecodeConfig, generate
 from specdec.kernels import TreeAttention, batch_invariant, invariant_attention
 from specdec.sampling import Sampler, SamplingParams, sample_from, warp
@@ -434,8 +434,8 @@ def test_a_broken_tree_rule_fails_the_same_test(small, monkeypatch):
 def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
     from specdec.api import RunSpec
     from specdec.drafting.load import DrafterPlan
-    from specdec.drafting.lookup import PromptLookupDrafter
-    from specdec.drafting.spec import DrafterSpec
+    from specdec.drafting.lookup.prompt import PromptLookupDrafter
+    from specdec.drafting.registry import DrafterSpec
 
     v = StubVerifier()
     prompt = [1, 2, 3]

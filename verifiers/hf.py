@@ -242,7 +242,7 @@ class HFVerifier:
             )
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from specdec.drafting.formats import refuse_as_model
+        from specdec.formats import refuse_as_model
         from specdec.models import read_config
 
         raw = read_config(path)
@@ -587,7 +587,7 @@ class HFVerifier:
     def generate_many(
         self, items: Iterable[tuple[Any, Sequence[int], int]], *, max_len: int, rows: int = 128
     ) -> Iterator[tuple[Any, list[int]]]:
-        """Greedy responses for training data, continuously batched (`specdec.train.batched`)."""
-        from specdec.train.batched import generate_many
+        """Greedy responses for training data, continuously batched (`hf_generate`)."""
+        from specdec.verifiers.hf_generate import generate_many
 
         return generate_many(self.model, items, stop_ids=self.eos_token_ids, rows=rows, max_len=max_len)

@@ -58,7 +58,7 @@ from specdec.bridges.mlx import (
     to_torch,
 )
 from specdec.compat import cast_params, config_fixes, model_classes
-from specdec.drafting.formats import refuse_as_model
+from specdec.formats import refuse_as_model
 from specdec.kernels import MAX_VERIFY_TOKENS, TreeAttention
 from specdec.measure import trees_equal_chains, verify_equals_steps
 from specdec.memory import mlx_probe

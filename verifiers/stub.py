@@ -22,6 +22,7 @@ from torch import nn
 from specdec.kernels import TreeAttention, batch_invariant, invariant_attention, linear_fn
 from specdec.measure import probe_own_cache, trees_equal_chains, verify_equals_steps
 from specdec.memory import probe_for_module
+from specdec.models import STUB_SHAPE
 from specdec.protocols import (
     EmbedFn,
     LMHeadFn,
@@ -38,9 +39,9 @@ BOS, EOS, PAD = 256, 257, 258
 
 @dataclass(frozen=True, kw_only=True)
 class StubConfig:
-    vocab_size: int = 259
-    hidden_size: int = 64
-    num_layers: int = 4
+    vocab_size: int = STUB_SHAPE[2]
+    hidden_size: int = STUB_SHAPE[1]
+    num_layers: int = STUB_SHAPE[0]
     num_heads: int = 4
     intermediate_size: int = 128
     max_context: int = 2048

@@ -1,4 +1,4 @@
-"""The MLX chain drafters' proposals (EAGLE-3 in `eagle3_mlx`, MTP layers in `mtp_mlx`): greedy chains cut
+"""The MLX chain drafters' proposals (EAGLE-3 in `eagle3.mlx`, MTP layers in `mtp.mlx`): greedy chains cut
 by the draft policy, sampled walks with q at T > 0, trees from the greedy chain's distributions, all over a
 subclass's lazy `_chain(last_token, n, pick)` and its one sync `_sync(*arrays)` (which evaluates the
 drafter's state with the proposal, so any thread may run the next turn). The rows and their rollback are
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from specdec.drafting.chain import ChainRows
-from specdec.drafting.dflash_mlx import sample_rows
+from specdec.drafting.layers_mlx import sample_rows
 from specdec.memory import mlx_probe
 from specdec.protocols import MemoryProbe
 from specdec.tree import TREE_TOPK, Tree, TreeBudget, best_first_of

@@ -11,8 +11,13 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.lookup import LOOKUP_BLOCK_SIZE, LOOKUP_NGRAMS, PromptLookupDrafter, lookup_accept
-from specdec.drafting.ngrams import CorpusNgrams, chances_of
+from specdec.drafting.lookup.ngrams import CorpusNgrams, chances_of
+from specdec.drafting.lookup.prompt import (
+    LOOKUP_BLOCK_SIZE,
+    LOOKUP_NGRAMS,
+    PromptLookupDrafter,
+    lookup_accept,
+)
 from specdec.drafting.policy import Calibration, Draft, DraftPolicy
 from specdec.protocols import Describes, Drafter, MemoryProbe, TreeProposals, Verifier
 from specdec.tree import Tree, TreeBudget
@@ -40,11 +45,12 @@ class LookupFirstDrafter:
         self,
         drafter: Drafter,
         *,
-        block_size: int = LOOKUP_BLOCK_SIZE,
+        block_size: int | None = None,
         corpus: CorpusNgrams | None = None,
         policy: DraftPolicy | None = None,
     ) -> None:
         self.drafter, self.policy = drafter, policy or DraftPolicy()
+        block_size = block_size or LOOKUP_BLOCK_SIZE
         lo, hi = LOOKUP_NGRAMS  # fixed: `LOOKUP_ACCEPT` was measured with them
         self.lookup = PromptLookupDrafter(block_size=block_size, min_ngram=lo, max_ngram=hi)
         self.corpus = corpus

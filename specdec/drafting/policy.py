@@ -2,7 +2,7 @@
 
 Every proposer gives a `Draft`: tokens with a confidence for each given the ones before it (DFlash, a draft
 model: its top-1 probabilities; prompt lookup: the acceptance rates measured for the n-gram length it matched,
-`specdec.drafting.lookup.lookup_accept`; corpus n-grams: each token's share of what followed its context).
+`lookup.prompt.lookup_accept`; corpus n-grams: each token's share of what followed its context).
 `DraftPolicy.cut` ends a draft either where its running confidence falls below a threshold
 (`min_confidence` for DFlash, `corpus_cut` for corpus n-grams; lookup drafts are free to draft and kept
 whole), or, with verify costs, where it commits the most tokens per unit of verify cost
@@ -10,7 +10,7 @@ whole), or, with verify costs, where it commits the most tokens per unit of veri
 share s as s ** `CORPUS_ACCEPT_POWER`), lookup's and the corpus's first scaled by how the request's own
 drafts have fared (`Calibration`).
 `DraftPolicy.choose` picks the draft a step verifies among lookup's and the corpus's (None: ask the model
-drafter). The drafters (`specdec.drafting.dflash`, `dflash_mlx`, `mix`) and the replay tool all call
+drafter). The drafters (`dflash.torch`, `dflash.mlx`, `mix`) and the replay tool all call
 these, so a replay is the engine's rule.
 """
 

@@ -20,7 +20,7 @@ from specdec.args import (
     sampling_of,
 )
 from specdec.chat import set_chat_template
-from specdec.drafting.spec import DrafterSpec
+from specdec.drafting.registry import DrafterSpec
 from specdec.extras import require
 from specdec.serve.app import BYTES_PER_POSITION, build_app
 from specdec.stream import StreamingEngine

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.drafting.checkpoint import DFlashConfig
+from specdec.drafting.dflash.config import DFlashConfig
 from specdec.kernels import MAX_VERIFY_TOKENS
 
 __all__ = ["TrainConfig", "default_layer_ids", "drafter_config"]
@@ -119,7 +119,7 @@ class TrainConfig:
 
 def default_layer_ids(num_layers: int) -> tuple[int, ...]:
     """min(5, L-3) layers evenly spaced from 1 to L-3 (the public default); L//2 for tiny targets."""
-    from specdec.drafting.checkpoint import default_target_layer_ids
+    from specdec.drafting.dflash.config import default_target_layer_ids
 
     return default_target_layer_ids(num_layers, max(1, min(5, num_layers - 3)))
 

@@ -6,7 +6,7 @@ package versions) reads the committed list instead of recomputing it, so chunk N
 prompts. Chunks are written atomically as soon as all their prompts are answered, and the answers of
 unfinished chunks go to `partial.npz`, so a build can be stopped at any moment and resumed losing at most
 a minute of work: only the prompts still unanswered are generated. Readers see complete chunks only.
-An HF verifier answers with continuous batching (`specdec.train.batched.generate_many`, rows kept full
+An HF verifier answers with continuous batching (`verifiers.hf_generate.generate_many`, rows kept full
 across chunk boundaries); any other verifier through the engine's autoregressive loop, one prompt at a
 time.
 """

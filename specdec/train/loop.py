@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.drafting.checkpoint import DFlashConfig, load_checkpoint, load_config, save_checkpoint
+from specdec.drafting.dflash.config import DFlashConfig, load_checkpoint, load_config, save_checkpoint
 from specdec.protocols import EmbedFn, LMHeadFn, Verifier
 from specdec.records import staging_dir
 from specdec.train.config import TrainConfig, drafter_config
@@ -60,7 +60,7 @@ def acceptance_length(
 ) -> dict[str, Any]:
     """Mean acceptance length (bonus included) of `specdec.engine.generate` with `drafter` over token-id
     prompts; `drafter` is a DFlashDrafter, a DFlashDraftModel or a checkpoint folder."""
-    from specdec.drafting.dflash import DFlashDrafter, DFlashDraftModel
+    from specdec.drafting.dflash.torch import DFlashDrafter, DFlashDraftModel
     from specdec.engine import decode_config, generate
     from specdec.records import summarize
 
@@ -271,7 +271,7 @@ class _Run:
         return dataclasses.replace(dcfg, draft_vocab=tuple(vocab.tolist()))
 
     def _build_model(self) -> None:
-        from specdec.drafting.dflash import DFlashDraftModel
+        from specdec.drafting.dflash.torch import DFlashDraftModel
 
         cfg, dev = self.cfg, self.ctx.device
         torch.manual_seed(cfg.seed)

@@ -1,6 +1,6 @@
 """DFlash drafters in the speculators container (vLLM's `speculators` library), read as public DFlash.
 
-`speculators_model_type` names the algorithm; specdec reads `eagle3` (`eagle3_config`, one of its dialects)
+`speculators_model_type` names the algorithm; specdec reads `eagle3` (`eagle3.config`, one of its dialects)
 and `dflash` (here), and names the others in one line (`formats`). A speculators DFlash drafter is the
 public DFlash network (the same Qwen3 layers, `fc`, `hidden_norm`, `norm`, context keys / values injected
 the same way) with its config in `transformer_layer_config` and three differences this reader maps:
@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specdec.drafting.checkpoint import (
+from specdec.drafting.dflash.config import (
     WEIGHTS_NAME,
     DFlashConfig,
     check_state_dict,

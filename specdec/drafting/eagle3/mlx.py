@@ -1,4 +1,4 @@
-"""The EAGLE-3 drafter in MLX: the checkpoint `specdec.drafting.eagle3` reads, run beside an MLX verifier
+"""The EAGLE-3 drafter in MLX: the checkpoint `eagle3.torch` reads, run beside an MLX verifier
 with nothing crossing to torch (see that module for the model and the rows it keeps).
 
 The verifier's aux hidden states arrive as `mx.array` (`MLXVerifier.native_features`); tokens are
@@ -21,7 +21,7 @@ import torch
 
 from specdec.bridges.mlx import embed_scale, materialize, text_model
 from specdec.drafting.chain_mlx import MLXChainProposals
-from specdec.drafting.eagle3_config import Eagle3Config, check_eagle3, draft_vocab, load_eagle3_weights
+from specdec.drafting.eagle3.config import Eagle3Config, check_eagle3, draft_vocab, load_eagle3_weights
 from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
 from specdec.kernels import MAX_VERIFY_TOKENS
@@ -204,7 +204,7 @@ class MLXEagle3Drafter(MLXChainProposals):
         cls, path: str | Path, cfg: Eagle3Config, *, dtype: str = "float32",
         policy: DraftPolicy | None = None, block_size: int | None = None,
     ) -> MLXEagle3Drafter:  # fmt: skip
-        """Load a checkpoint folder read by `eagle3_config.read_eagle3` (config `cfg`)."""
+        """Load a checkpoint folder read by `eagle3.config.read_eagle3` (config `cfg`)."""
         if dtype not in MLX_DTYPES:
             raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(MLX_DTYPES)}")
         state = load_eagle3_weights(path, cfg)  # torch tensors (a pytorch_model.bin is read by torch only)

@@ -1,7 +1,7 @@
 """The EAGLE-3 drafter in PyTorch (arXiv 2503.01840): one (or a few) decoder layers that draft a chain.
 
 Row r of the draft model pairs the token at position r + 1 with the verifier's hidden states at position
-r: three auxiliary hidden states (`eagle3_config`: which ones) fused by `fc` into one [H] vector. Layer 0
+r: three auxiliary hidden states (`eagle3.config`: which ones) fused by `fc` into one [H] vector. Layer 0
 attends over concat(input_layernorm(embedding), hidden_norm(fused)) with the fused vector as its residual
 (or its normed form, `norm_before_residual`); later layers are plain pre-norm layers. The final `norm` and
 the drafter's own `lm_head` over its draft vocabulary give the token at position r + 2, mapped to target
@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.drafting.chain import ChainDrafter
-from specdec.drafting.dflash_model import RMSNorm, apply_rope, attend, rope_cos_sin
-from specdec.drafting.eagle3_config import Eagle3Config, check_eagle3, draft_vocab, load_eagle3_weights
+from specdec.drafting.eagle3.config import Eagle3Config, check_eagle3, draft_vocab, load_eagle3_weights
+from specdec.drafting.layers import RMSNorm, apply_rope, attend, rope_cos_sin
 from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
 from specdec.kernels import use_cpu_linears
@@ -207,7 +207,7 @@ class Eagle3Drafter(ChainDrafter):
         cls, path: str | Path, cfg: Eagle3Config, *, device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32, policy: DraftPolicy | None = None, block_size: int | None = None,
     ) -> Eagle3Drafter:  # fmt: skip
-        """Load a checkpoint folder read by `eagle3_config.read_eagle3` (config `cfg`)."""
+        """Load a checkpoint folder read by `eagle3.config.read_eagle3` (config `cfg`)."""
         state = load_eagle3_weights(path, cfg)
         d2t = state.pop("d2t", None)
         with torch.device("meta"):

@@ -76,7 +76,7 @@ def read_dspark(folder: str | Path, raw: Mapping[str, Any]) -> Any:
     checked from the safetensors header. One line of ValueError otherwise."""
     from safetensors import safe_open
 
-    from specdec.drafting.checkpoint import WEIGHTS_NAME, DFlashConfig, check_state_dict, require_file
+    from specdec.drafting.dflash.config import WEIGHTS_NAME, DFlashConfig, check_state_dict, require_file
 
     folder = Path(folder)
     where = f"DSpark checkpoint {str(folder)!r}"

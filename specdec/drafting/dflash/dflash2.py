@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.drafting.checkpoint import DFlashConfig
+from specdec.drafting.dflash.config import DFlashConfig
 from specdec.sampling import sample_from
 
 __all__ = ["CandidateSelector", "DynamicConv", "Walk"]

@@ -1,23 +1,22 @@
 """The Gemma-4 assistant kind's registry entry (`registry.KINDS`): checkpoints read by
-`specdec.drafting.gemma4_assistant_config`, run by `specdec.drafting.gemma4_assistant` (torch, beside the HF
-verifier) and `specdec.drafting.gemma4_assistant_mlx` (MLX, beside the MLX verifier)."""
+`config.py`, run by `torch.py` (beside the HF verifier) and `mlx.py` (MLX, beside the MLX verifier)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from specdec.drafting.gemma4_assistant_config import AssistantConfig, check_assistant_shape, read_assistant
+from specdec.drafting.gemma4_assistant.config import AssistantConfig, check_assistant_shape, read_assistant
 from specdec.drafting.kind import DrafterKind
 
 __all__ = ["GEMMA4_ASSISTANT_KIND"]
 
 
-def _load(ckpt: Any, *, runtime: str, device: Any, dtype: Any, policy: Any, block_size: Any) -> Any:
+def _load(ckpt: Any, *, runtime: str, device: Any, dtype: Any, policy: Any, block_size: Any, **_: Any) -> Any:
     if runtime == "mlx":
-        from specdec.drafting.gemma4_assistant_mlx import MLXAssistantDrafter as cls
+        from specdec.drafting.gemma4_assistant.mlx import MLXAssistantDrafter as cls
     else:
-        from specdec.drafting.gemma4_assistant import AssistantDrafter as cls
+        from specdec.drafting.gemma4_assistant.torch import AssistantDrafter as cls
     drafter = cls.from_pretrained(ckpt.folder, ckpt.header, device=device, dtype=dtype, policy=policy,
                                   block_size=block_size)  # fmt: skip
     drafter.name = ckpt.name
@@ -45,7 +44,8 @@ GEMMA4_ASSISTANT_KIND = DrafterKind(
     runtimes=("torch", "mlx"),
     trees=False,
     read=lambda folder, raw, fmt: read_assistant(Path(folder), raw),
-    fits=lambda cfg, target, name: check_assistant_shape(cfg, target, name=name),
+    loop="assistant",
+    fits=lambda cfg, target, name, _folder: check_assistant_shape(cfg, target, name=name),
     load=_load,
     describe=_describe,
 )

@@ -11,7 +11,7 @@ just drafted, so k drafts reuse the one layer k times (as vLLM does). The rows a
 `chain.ChainDrafter`'s; the layer is transformers' own `MtpModel`, loaded from the checkpoint's
 safetensors (transformers' loader drops `mtp.*` from the model itself), with its own attention cache.
 
-This module runs it beside the HF verifier (PyTorch); `mtp_mlx` beside the MLX verifier (mlx_lm's loaders
+This module runs it beside the HF verifier (PyTorch); `mtp.mlx` beside the MLX verifier (mlx_lm's loaders
 drop the `mtp.*` weights: it reads them from the checkpoint and builds the layer from mlx_lm's own class).
 """
 

@@ -3,7 +3,8 @@
 specdec reads DFlash and DFlash2 drafters in the public format, and causal LMs as draft models
 (`model:<folder>`). The field's other drafter formats are recognised by the marks their configs carry and
 named in the error, so a user learns what the folder holds (and that specdec does not read it yet) instead
-of a diagnosis as a broken DFlash config; a drafter folder given as a model is refused the same way.
+of a diagnosis as a broken DFlash config; a drafter folder given as a model is refused the same way. It
+sits below the verifiers and the drafters, since both read it.
 
 The marks, from the public configs and loaders (vLLM, SGLang, speculators, mlx-vlm 0.7.10, transformers):
 - DFlash / DFlash2: `architectures` DFlashDraftModel / DFlash2DraftModel, or a `dflash_config`
@@ -28,7 +29,7 @@ from typing import Any
 
 __all__ = ["DRAFTER_KINDS", "Format", "identify", "refuse_as_drafter", "refuse_as_model"]
 
-#: kind -> how a message names it
+#: family -> how a message names it
 NAMES = {
     "dflash": "a DFlash drafter", "dflash2": "a DFlash2 drafter", "eagle3": "an EAGLE-3 drafter",
     "eagle": "an EAGLE (1/2) drafter", "peagle": "a P-EAGLE drafter", "medusa": "a Medusa drafter",
@@ -37,9 +38,9 @@ NAMES = {
     "model-with-mtp": "a model with MTP layers", "causal-lm": "a causal LM",
     "unknown": "an unrecognised checkpoint",
 }  # fmt: skip
-#: the kinds that are drafters only (never a verifier's model)
+#: the families that are drafters only (never a verifier's model)
 DRAFTER_KINDS = frozenset(NAMES) - {"pard", "model-with-mtp", "causal-lm", "unknown"}
-#: speculators_model_type -> kind ("independent": a plain draft model)
+#: speculators_model_type -> family ("independent": a plain draft model)
 _SPECULATORS = {"eagle3": "eagle3", "eagle": "eagle", "peagle": "peagle", "dflash": "dflash",
                 "dspark": "dspark", "mtp": "mtp", "mlp": "mlp", "independent": "causal-lm"}  # fmt: skip
 _MTP_COUNTS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
@@ -47,25 +48,33 @@ _MTP_COUNTS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_lay
 
 @dataclass(frozen=True)
 class Format:
-    """What a config says a folder holds: a kind of `NAMES`, the dialect of its config (whose layout), and
-    the config's model_type / architectures for messages."""
+    """What a config says a folder holds: its family (a key of `NAMES`), the dialect of its config (whose
+    layout), and the config's model_type / architectures for messages."""
 
-    kind: str
+    family: str
     dialect: str
     model_type: str = ""
     architectures: tuple[str, ...] = ()
 
+    @property
+    def kind(self) -> str:
+        """Deprecated name of `family`."""
+        import warnings
+
+        warnings.warn("Format.kind is deprecated: use Format.family", DeprecationWarning, 2)
+        return self.family
+
     def readable(self, formats: Collection[tuple[str, str]]) -> bool:
         """specdec reads it as a `--drafter` checkpoint folder, where it reads the (format kind, dialect)
         pairs `formats` (`registry.READABLE`)."""
-        return (self.kind, self.dialect) in formats
+        return (self.family, self.dialect) in formats
 
     def describe(self) -> str:
         """e.g. "an EAGLE-3 drafter (speculators format)", "a causal LM (model_type 'llama')"."""
-        what = NAMES[self.kind]
+        what = NAMES[self.family]
         if self.dialect:
             return f"{what} ({self.dialect} format)"
-        if self.kind in DRAFTER_KINDS:
+        if self.family in DRAFTER_KINDS:
             return what
         seen = [f"model_type {self.model_type!r}"] if self.model_type else []
         seen += [f"architectures {list(self.architectures)}"] if self.architectures else []
@@ -83,7 +92,7 @@ def identify(raw: Mapping[str, Any], files: Collection[str] = ()) -> Format:
     archs = tuple(a for a in listed if isinstance(a, str)) if isinstance(listed, list) else ()
     mt = str(raw.get("model_type") or "")
     low = [a.lower() for a in archs]
-    fmt = lambda kind, dialect: Format(kind, dialect, mt, archs)  # noqa: E731
+    fmt = lambda family, dialect: Format(family, dialect, mt, archs)  # noqa: E731
     spec = raw.get("speculators_model_type")
     if isinstance(spec, str) or isinstance(raw.get("speculators_config"), Mapping):
         return fmt(_SPECULATORS.get(str(spec), "unknown"), "speculators")
@@ -127,16 +136,16 @@ def refuse_as_drafter(
     where = f"drafter {name!r}" + (f" ({str(folder)!r})" if name != str(folder) else "")
     where += f" holds {fmt.describe()}"
     as_model = f"to draft with it token by token, pass --drafter model:{folder}"
-    if fmt.kind == "model-with-mtp":
+    if fmt.family == "model-with-mtp":
         raise ValueError(
             f"{where}, not a drafter checkpoint: to draft with its MTP layers, load it as --model and pass "
             f"--drafter mtp (HF verifier); {as_model}"
         )
-    if fmt.kind == "pard":
+    if fmt.family == "pard":
         raise ValueError(f"{where}; to draft with it (a block per forward), pass --drafter model:{folder}")
-    if fmt.kind == "causal-lm":
+    if fmt.family == "causal-lm":
         raise ValueError(f"{where}, not a drafter checkpoint; {as_model}")
-    if fmt.kind == "unknown":
+    if fmt.family == "unknown":
         raise ValueError(
             f"{where}; specdec reads DFlash / DFlash2 checkpoints (config.json with dflash_config), EAGLE-3 "
             "checkpoints (speculators, yuhuili's or SGLang's) and draft models (model:<folder>)"
@@ -150,7 +159,7 @@ def refuse_as_model(
     """A one-line ValueError where the model folder `folder` (config `raw`) holds a drafter, not a model;
     with `readable` (the format kinds specdec reads as drafters, `registry.READABLE`) it says which to do."""
     fmt = identify(raw)
-    if fmt.kind in DRAFTER_KINDS:
+    if fmt.family in DRAFTER_KINDS:
         use = (
             ""
             if readable is None

@@ -278,11 +278,11 @@ class ModelDrafter:
 def pard_mask_token(folder: Path) -> int | None:
     """The mask token of a PARD model folder (`pard_token`, or `ptd_token_id` in older configs); None for
     any other model."""
-    from specdec.drafting.formats import identify
+    from specdec.formats import identify
     from specdec.models import read_config
 
     raw = read_config(folder) if (folder / "config.json").is_file() else None
-    if raw is None or identify(raw).kind != "pard":
+    if raw is None or identify(raw).family != "pard":
         return None
     mask = raw.get("pard_token", raw.get("ptd_token_id"))
     if not isinstance(mask, int) or isinstance(mask, bool):

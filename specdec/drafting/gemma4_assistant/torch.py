@@ -1,5 +1,5 @@
 """A Gemma-4 assistant drafter in PyTorch, beside the HF verifier (what a step computes:
-`gemma4_assistant_config`). The assistant's decoder layers are transformers' own (`Gemma4AssistantForCausalLM`
+`gemma4_assistant.config`). The assistant's decoder layers are transformers' own (`Gemma4AssistantForCausalLM`
 loaded from the checkpoint); the K/V it attends over are views of the verifier's cache (`SharedKV`), the
 hidden state it starts from the verifier's last-layer output of the last committed position through the
 verifier's own final norm. It keeps those outputs and the committed count, nothing else: a rollback only
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.gemma4_assistant_config import AssistantConfig, LastRow, fit_verifier, kv_window
+from specdec.drafting.gemma4_assistant.config import AssistantConfig, LastRow, fit_verifier, kv_window
 from specdec.drafting.policy import DraftPolicy
 from specdec.kernels import MAX_VERIFY_TOKENS, use_cpu_linears
 from specdec.protocols import MemoryProbe, Verifier

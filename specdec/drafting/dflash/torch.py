@@ -1,4 +1,4 @@
-"""The PyTorch DFlash drafter: the `Drafter` the engine talks to, over `dflash_model.DFlashDraftModel`.
+"""The PyTorch DFlash drafter: the `Drafter` the engine talks to, over `dflash.model.DFlashDraftModel`.
 
 It keeps the context K/V of every layer in a `DFlashCache`: `extend` queues the new positions' features
 and the next proposal projects them, `rollback` moves the length pointer back, and a proposal costs one
@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specdec.drafting.checkpoint import (
+from specdec.drafting.dflash.config import (
     DFlashConfig,
     check_target,
     load_config,
     load_state_dict,
     save_checkpoint,
 )
-from specdec.drafting.dflash2 import Walk
-from specdec.drafting.dflash_model import DFlashCache, DFlashDraftModel
+from specdec.drafting.dflash.dflash2 import Walk
+from specdec.drafting.dflash.model import DFlashCache, DFlashDraftModel
 from specdec.drafting.policy import DraftPolicy
 from specdec.kernels import use_cpu_linears
 from specdec.protocols import EmbedFn, LMHeadFn, MemoryProbe
@@ -272,7 +272,7 @@ class DFlashDrafter:
         self, last_token: int, n: int, *, temperature: float = 0.0, u: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """DSpark: the Markov head's walk over the block's n proposals (`dspark.markov_walk`)."""
-        from specdec.drafting.dspark import markov_walk
+        from specdec.drafting.dflash.dspark import markov_walk
 
         hidden = self.block_hidden(last_token)  # [bs, H]
         logits = self.block_logits(last_token, n, hidden)  # [n, V]

@@ -1,5 +1,5 @@
 """A Gemma-4 assistant drafter in MLX, beside the MLX verifier (what a step computes:
-`gemma4_assistant_config`). Its decoder layers are mlx_lm's own Gemma 4 layers (`gemma4_text.DecoderLayer`,
+`gemma4_assistant.config`). Its decoder layers are mlx_lm's own Gemma 4 layers (`gemma4_text.DecoderLayer`,
 every one KV-shared: it takes `shared_kv` and the RoPE offset as the model's own KV-shared layers do),
 built from the assistant's text config; the K/V they read are slices of the verifier's caches
 (`SharedKV`: its sliding layers hold every position, so nothing is kept aside), the hidden state the
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from specdec.bridges.mlx import embed_scale, materialize, text_model
-from specdec.drafting.dflash_mlx import sample_rows
-from specdec.drafting.gemma4_assistant_config import AssistantConfig, LastRow, fit_verifier, kv_window
+from specdec.drafting.gemma4_assistant.config import AssistantConfig, LastRow, fit_verifier, kv_window
+from specdec.drafting.layers_mlx import sample_rows
 from specdec.drafting.policy import DraftPolicy
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.memory import mlx_probe

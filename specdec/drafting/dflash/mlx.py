@@ -1,7 +1,7 @@
-"""The DFlash drafter in MLX: the same public checkpoint as `specdec.drafting.dflash`, run beside an MLX
+"""The DFlash drafter in MLX: the same public checkpoint as `specdec.drafting.dflash.torch`, run beside an MLX
 verifier with nothing crossing to torch.
 
-Same model as the PyTorch drafter (see `specdec.drafting.dflash`): a few Qwen3-style layers whose queries are
+Same model as the PyTorch drafter (`dflash.torch`): a few Qwen3-style layers whose queries are
 the block `[bonus, MASK x (bs-1)]`, with the verifier's features of the committed context projected once
 (`hidden_norm(fc(features))`) and injected into every layer as extra keys / values. Here:
 - the weights load from the same folder (config.json with `dflash_config`, model.safetensors, the draft
@@ -27,8 +27,8 @@ import mlx.nn as nn
 import numpy as np
 import torch
 
-from specdec.bridges.mlx import embed_scale, final_softcap, head_module, materialize, text_model
-from specdec.drafting.checkpoint import (
+from specdec.bridges.mlx import embed_scale, materialize, text_model
+from specdec.drafting.dflash.config import (
     SLIDING,
     WEIGHTS_NAME,
     DFlashConfig,
@@ -38,6 +38,7 @@ from specdec.drafting.checkpoint import (
     require_file,
     usable_weights,
 )
+from specdec.drafting.layers_mlx import head_fn, sample_rows
 from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
 from specdec.memory import mlx_probe
@@ -48,15 +49,6 @@ from specdec.verifiers.mlx import MLX_DTYPES
 __all__ = ["MLXDFlashDrafter", "MLXDFlashModel"]
 
 _TORCH = {mx.float32: torch.float32, mx.bfloat16: torch.bfloat16, mx.float16: torch.float16}
-
-
-def sample_rows(q: mx.array, u: float) -> mx.array:
-    """One draw from each row of q [B, V] with the uniform u, by inverse CDF as `specdec.sampling.sample_from`
-    (a zero-probability id never comes out) -> ids [B], lazy. The MLX drafters' sampled walks draw here."""
-    cdf = mx.cumsum(q, axis=-1)
-    idx = mx.minimum(mx.sum(cdf <= u * cdf[:, -1:], axis=-1), q.shape[-1] - 1)
-    zero = mx.take_along_axis(q, idx[:, None], axis=-1)[:, 0] == 0
-    return mx.where(zero, mx.argmax(q, axis=-1), idx)
 
 
 class _Attention(nn.Module):
@@ -89,7 +81,7 @@ class _MLP(nn.Module):
 
 
 class _DynamicConv(nn.Module):
-    """DFlash2's grouped dynamic causal convolution over one block (`specdec.drafting.dflash2`)."""
+    """DFlash2's grouped dynamic causal convolution over one block (`specdec.drafting.dflash.dflash2`)."""
 
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
@@ -117,7 +109,7 @@ class _DynamicConv(nn.Module):
 
 
 class _Selector(nn.Module):
-    """DFlash2's candidate selector (`specdec.drafting.dflash2.CandidateSelector`), in MLX."""
+    """DFlash2's candidate selector (`specdec.drafting.dflash.dflash2.CandidateSelector`), in MLX."""
 
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
@@ -189,7 +181,7 @@ class MLXDFlashModel(nn.Module):
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         if cfg.dflash2 is not None:
             self.candidate_selector = _Selector(cfg)
-        if cfg.dspark is not None:  # DSpark's heads (`specdec.drafting.dspark`), public parameter names
+        if cfg.dspark is not None:  # DSpark's heads (`dflash.dspark`), public parameter names
             p = cfg.dspark
             self.markov_head = nn.Module()
             self.markov_head.markov_w1 = nn.Embedding(cfg.vocab_size, p.markov_rank)
@@ -303,36 +295,6 @@ class _Cache:
         mx.eval(self.k, self.v)
 
 
-def _head_fn(model: nn.Module, rows: mx.array | None) -> Any:
-    """hidden [..., H] -> logits [..., V] (or [..., K] of the draft vocabulary `rows`) through the MLX model's
-    own head module, quantized or not, soft-capped where the model caps (as the bridge computes it). The
-    rows are taken once and evaluated here, so any thread may then decode."""
-    head, cap = head_module(model), final_softcap(model)
-    if rows is None:
-        lin = head.as_linear if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head
-    elif isinstance(head, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-        w, s, b = head.weight[rows], head.scales[rows], head.get("biases")  # [K, ...] quantized rows
-        b = None if b is None else b[rows]
-        mx.eval(w, s, *(() if b is None else (b,)))
-        gs, bits, mode = head.group_size, head.bits, getattr(head, "mode", "affine")
-        kw = {"mode": mode} if mode != "affine" else {}
-
-        def lin(h: mx.array) -> mx.array:
-            return mx.quantized_matmul(h, w, s, b, transpose=True, group_size=gs, bits=bits, **kw)
-    else:
-        w = head.weight[rows]  # [K, H]
-        bias = head.get("bias") if isinstance(head, nn.Linear) else None
-        bias = None if bias is None else bias[rows]
-        mx.eval(w, *(() if bias is None else (bias,)))
-
-        def lin(h: mx.array) -> mx.array:
-            return h @ w.T if bias is None else h @ w.T + bias
-
-    if cap is None:
-        return lin
-    return lambda h: mx.tanh(lin(h) / cap) * cap
-
-
 class MLXDFlashDrafter:
     """The `Drafter` protocol over `MLXDFlashModel`, for an `MLXVerifier` (`runtime = "mlx"`: the engine
     hands it the verifier's features as mx.array). `bind(verifier)` before `extend` / `propose`."""
@@ -421,7 +383,7 @@ class MLXDFlashDrafter:
             if scale is None
             else (lambda ids: inner.embed_tokens(ids) * scale)
         )
-        self._head = self.model.lm_head if self.cfg.own_lm_head else _head_fn(model, self._rows)
+        self._head = self.model.lm_head if self.cfg.own_lm_head else head_fn(model, self._rows)
         self.reset()
 
     def _need(self) -> _Cache:

@@ -1,7 +1,7 @@
 """Gemma-4 assistant drafters (`google/gemma-4-*-it-assistant`, transformers' `gemma4_assistant`): the
 checkpoint's config and weights header read and checked before anything loads, and their fit to a
-Gemma 4 verifier (the kind's registry entry is `gemma4_assistant_kind`). The drafters run in
-`gemma4_assistant` (PyTorch, beside the HF verifier) and `gemma4_assistant_mlx` (MLX, beside the MLX
+Gemma 4 verifier (the kind's registry entry is `gemma4_assistant.entry`). The drafters run in
+`gemma4_assistant.torch` (PyTorch, beside the HF verifier) and `gemma4_assistant.mlx` (MLX, beside the MLX
 verifier).
 
 What one draft step computes (transformers 5.25's `SinglePositionMultiTokenCandidateGenerator`, Google's

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec.drafting.lookup import LOOKUP_ACCEPT, Chances, lookup_chances, sample_answers
+from specdec.drafting.lookup.prompt import LOOKUP_ACCEPT, Chances, lookup_chances, sample_answers
 from specdec.drafting.policy import DraftPolicy
-from specdec.drafting.spec import DrafterSpec
 from specdec.protocols import Verifier
 
 __all__ = ["CorpusNgrams", "chances_of", "check_corpus", "load_corpus_ngrams"]
@@ -114,20 +113,14 @@ def chances_of(corpus: CorpusNgrams | None) -> Chances:
     return (corpus.lookup_chances if corpus is not None else None) or LOOKUP_ACCEPT
 
 
-def check_corpus(
-    path: str | os.PathLike[str], *, drafter: str | None = None, cut: float | None = None, target: Any = None
-) -> dict:
+def check_corpus(path: str | os.PathLike[str], *, cut: float | None = None, target: Any = None) -> dict:
     """The verifier record of the corpus folder at `path` (cheap: before any model loads); an error where
-    it is not one (its chunk files opened too: a truncated one fails here), where `drafter` (a spec) is not
-    a '+lookup' one, which the corpus drafts for, where `cut` is not a share, or where `target` (a
-    verifier, or its `model_name` and `vocab_size` read before it loads) did not write it."""
+    it is not one (its chunk files opened too: a truncated one fails here), where `cut` is not a share, or
+    where `target` (a verifier, or its `model_name` and `vocab_size` read before it loads) did not write
+    it. (That a corpus goes with a "+lookup" drafter: `load.check_corpus_for`.)"""
     from specdec.bundled import corpus_path
     from specdec.corpus import Corpus
 
-    if drafter is not None and not DrafterSpec.parse(drafter).lookup:
-        raise ValueError(
-            f"a corpus drafts where lookup has nothing: give a '+lookup' drafter, not {drafter!r}"
-        )
     if cut is not None:
         DraftPolicy(corpus_cut=cut)  # a share, or a one-line error
     corpus = Corpus(corpus_path(path))

@@ -1,6 +1,6 @@
 """The EAGLE-3 kind's registry entry (`registry.KINDS`): checkpoints in the speculators, yuhuili and SGLang
-dialects, read by `specdec.drafting.eagle3_config`, run by `specdec.drafting.eagle3` (torch) and
-`specdec.drafting.eagle3_mlx` (MLX)."""
+dialects, read by `specdec.drafting.eagle3.config`, run by `specdec.drafting.eagle3.torch` (torch) and
+`specdec.drafting.eagle3.mlx` (MLX)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.eagle3_config import Eagle3Config, check_eagle3, read_eagle3
+from specdec.drafting.eagle3.config import Eagle3Config, check_eagle3, read_eagle3
 from specdec.drafting.kind import DrafterKind
 
 __all__ = ["EAGLE3_DIALECTS", "EAGLE3_KIND"]
@@ -19,20 +19,27 @@ EAGLE3_DIALECTS = ("speculators", "yuhuili", "SGLang", "mlx-vlm")
 
 
 def _load(
-    ckpt: Any, *, runtime: str, device: str | torch.device, dtype: torch.dtype, policy: Any, block_size: Any
+    ckpt: Any,
+    *,
+    runtime: str,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    policy: Any,
+    block_size: Any,
+    **_: Any,
 ) -> Any:
-    """The drafter of a `registry.Checkpoint` of this kind: the PyTorch one on `device`, or (`runtime`
+    """The drafter of a `registry.DrafterPlan` of this kind: the PyTorch one on `device`, or (`runtime`
     "mlx") the MLX one beside an MLX verifier; `block_size` None: the checkpoint's drafts per step + 1."""
     parallel = ckpt.header.parallel_mask_token_id is not None
     if runtime == "mlx":
-        from specdec.drafting.eagle3_mlx import MLXEagle3Drafter, MLXPEagleDrafter
+        from specdec.drafting.eagle3.mlx import MLXEagle3Drafter, MLXPEagleDrafter
 
         name = str(dtype).removeprefix("torch.")
         drafter = (MLXPEagleDrafter if parallel else MLXEagle3Drafter).from_pretrained(
             ckpt.folder, ckpt.header, dtype=name, policy=policy, block_size=block_size
         )
     else:
-        from specdec.drafting.eagle3 import Eagle3Drafter, PEagleDrafter
+        from specdec.drafting.eagle3.torch import Eagle3Drafter, PEagleDrafter
 
         drafter = (PEagleDrafter if parallel else Eagle3Drafter).from_pretrained(
             ckpt.folder, ckpt.header, device=device, dtype=dtype, policy=policy, block_size=block_size
@@ -71,7 +78,8 @@ EAGLE3_KIND = DrafterKind(
     runtimes=("torch", "mlx"),
     trees=True,
     read=lambda folder, raw, fmt: read_eagle3(Path(folder), raw, dialect=fmt.dialect),
-    fits=lambda cfg, target, name: check_eagle3(cfg, target, name=name) and None,
+    loop="chain",
+    fits=lambda cfg, target, name, _folder: check_eagle3(cfg, target, name=name) and None,
     load=_load,
     describe=_describe,
 )

@@ -1,6 +1,6 @@
 """The DFlash kind's registry entry (`registry.KINDS`): DFlash and DFlash2 checkpoints in the public
-format, read by `specdec.drafting.checkpoint`, run by `specdec.drafting.dflash` (torch) and
-`specdec.drafting.dflash_mlx` (MLX)."""
+format, read by `specdec.drafting.dflash.config`, run by `specdec.drafting.dflash.torch` (torch) and
+`specdec.drafting.dflash.mlx` (MLX)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,35 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.checkpoint import DFLASH_FORMATS, check_checkpoint, check_target
-from specdec.drafting.dspark import read_dspark
+from specdec.drafting.dflash.config import DFLASH_FORMATS, check_checkpoint, check_target
+from specdec.drafting.dflash.dspark import read_dspark
+from specdec.drafting.dflash.speculators import read_speculators_dflash
 from specdec.drafting.kind import DrafterKind
-from specdec.drafting.speculators import read_speculators_dflash
 
-__all__ = ["DFLASH_KIND"]
+__all__ = ["DFLASH_KIND", "READERS"]
+
+#: (format family, dialect) -> its reader: the variants of the one backbone are data, not branches
+READERS = {
+    ("dflash", "public"): lambda folder, raw: check_checkpoint(folder),
+    ("dflash2", "public"): lambda folder, raw: check_checkpoint(folder),
+    ("dspark", "public"): read_dspark,
+    ("dflash", "speculators"): read_speculators_dflash,
+}
+assert frozenset(READERS) == DFLASH_FORMATS, "every format the checkpoint's checks accept has its reader"
 
 
 def _load(
-    ckpt: Any, *, runtime: str, device: str | torch.device, dtype: torch.dtype, policy: Any, block_size: Any
+    ckpt: Any, *, runtime: str, device: str | torch.device, dtype: torch.dtype, policy: Any, **_: Any
 ) -> Any:
-    """The drafter of a `registry.Checkpoint` of this kind, from the config already read: the PyTorch one
+    """The drafter of a `registry.DrafterPlan` of this kind, from the config already read: the PyTorch one
     on `device`, or (`runtime` "mlx") the MLX one beside an MLX verifier."""
     if runtime == "mlx":
-        from specdec.drafting.dflash_mlx import MLXDFlashDrafter
+        from specdec.drafting.dflash.mlx import MLXDFlashDrafter
 
         name = str(dtype).removeprefix("torch.")
         drafter = MLXDFlashDrafter.from_pretrained(ckpt.folder, dtype=name, policy=policy, config=ckpt.header)
     else:
-        from specdec.drafting.dflash import DFlashDrafter
+        from specdec.drafting.dflash.torch import DFlashDrafter
 
         drafter = DFlashDrafter.from_pretrained(
             ckpt.folder, device=device, dtype=dtype, policy=policy, config=ckpt.header
@@ -39,16 +48,13 @@ def _load(
 DFLASH_KIND = DrafterKind(
     name="dflash",
     summary="DFlash, DFlash2 and DSpark block drafters (z-lab's public format, vLLM / SGLang; speculators')",
-    formats=DFLASH_FORMATS,
+    formats=frozenset(READERS),
     needs="hidden states of the target layers it names, the verifier's embedding and LM head",
     runtimes=("torch", "mlx"),
     trees=True,
-    read=lambda folder, raw, fmt: (
-        read_speculators_dflash(folder, raw) if fmt.dialect == "speculators"
-        else read_dspark(folder, raw) if fmt.kind == "dspark"
-        else check_checkpoint(folder)
-    ),
-    fits=lambda cfg, target, name: check_target(cfg, target, name=name),
+    loop="block",
+    read=lambda folder, raw, fmt: READERS[fmt.family, fmt.dialect](folder, raw),
+    fits=lambda cfg, target, name, _folder: check_target(cfg, target, name=name),
     load=_load,
     describe=lambda cfg: {
         "architecture": cfg.architecture, "reads target layers": list(cfg.target_layer_ids),

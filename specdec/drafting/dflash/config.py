@@ -435,7 +435,7 @@ def load_config(path: str | Path) -> DFlashConfig:
         raise ValueError(f"{str(file)!r} is not a JSON config: {e}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{str(file)!r} is not a JSON config: a {type(raw).__name__}, not an object")
-    from specdec.drafting.formats import refuse_as_drafter
+    from specdec.formats import refuse_as_drafter
 
     refuse_as_drafter(path, raw, name=str(path), readable=DFLASH_FORMATS)  # another format is named
     problems = dflash_problems(raw, required=_REQUIRED, dflash2=DFlash2Config.FIELDS)

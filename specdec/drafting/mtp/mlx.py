@@ -1,9 +1,9 @@
-"""`--drafter mtp` beside an MLX verifier: the model's MTP layer run in MLX (see `specdec.drafting.mtp` for
+"""`--drafter mtp` beside an MLX verifier: the model's MTP layer run in MLX (see `mtp.torch` for
 what it computes). mlx_lm's loaders drop the `mtp.*` weights, so they are read from the checkpoint's
 safetensors here (an original, unconverted checkpoint, or a conversion `specdec add-mtp` gave them back)
 and put in the layout of mlx-vlm's split MTP folders (`qwen3_5_mtp`: `fc`, the three norms shifted as the
 model's zero-centred norms are, `layers.0.*` through the model's own `sanitize`: expert stacking). A split
-folder (`--drafter <folder>`, `specdec.drafting.mtp_kind`) is read as it is, quantized or not; weights read
+folder (`--drafter <folder>`, `specdec.drafting.mtp.entry`) is read as it is, quantized or not; weights read
 from a checkpoint are quantized as the model's own layer of the same kind is where the model is quantized
 (`_quantize_like`: a 4-bit conversion gets a 4-bit MTP layer, as `mlx_vlm.convert --mtp -q` writes one).
 Either way the layer is the MLX model's own decoder-layer class at a full-attention index. Its K/V cache
@@ -23,8 +23,8 @@ import torch
 
 from specdec.bridges.mlx import embed_scale, materialize, text_model
 from specdec.drafting.chain_mlx import MLXChainProposals
-from specdec.drafting.dflash_mlx import _head_fn
-from specdec.drafting.mtp import MTP_BLOCK_SIZE, check_mtp_folder, check_split_fits
+from specdec.drafting.layers_mlx import head_fn
+from specdec.drafting.mtp.torch import MTP_BLOCK_SIZE, check_mtp_folder, check_split_fits
 from specdec.drafting.policy import DraftPolicy
 
 __all__ = ["MLXMtpDrafter", "checkpoint_weights", "split_weights"]
@@ -150,7 +150,7 @@ class _Net(nn.Module):
         self.mtp = mtp
         # the verifier's own final norm (mlx_lm shifted it when it loaded)
         self.final_norm = text_model(model).model.norm
-        self.head = _head_fn(model, None)  # the verifier's LM head (a function: not a parameter here)
+        self.head = head_fn(model, None)  # the verifier's LM head (a function: not a parameter here)
 
     def fuse(self, features: mx.array) -> mx.array:
         """The last decoder layer's outputs [n, H] -> the verifier's final-normed hidden states [n, H]."""
