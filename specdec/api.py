@@ -22,11 +22,10 @@ from specdec.costs import VerifyCosts, choose_block, measure_tree_costs
 from specdec.drafting.load import (
     DRAFTER_RUNTIMES,
     DrafterPlan,
-    check_corpus_for,
     check_drafter,
     check_drafter_fits,
     check_drafter_runtimes,
-    check_kind_runtime,
+    check_plan,
     load_drafter,
 )
 from specdec.drafting.lookup.prompt import LOOKUP_BLOCK_SIZE
@@ -189,11 +188,10 @@ class RunSpec:
         check_model(self.verifier, self.model)
         target = model_shape(self.verifier, self.model)
         plan = check_drafter(spec)
-        if self.corpus is not None:
-            check_corpus_for(plan, self.corpus, target=target)
-        check_kind_runtime(plan, self.drafter_runtime)
         folder = local_folder(self.model) if self.verifier != "stub" else None
-        check_drafter_fits(plan, target, target_folder=folder)
+        check_plan(
+            plan, runtime=self.drafter_runtime, target=target, target_folder=folder, corpus=self.corpus
+        )
         if self.tree is not None:
             self._check_tree(plan)
         return Checked(plan, table)
@@ -263,10 +261,16 @@ class Loaded:
         """A run of what was loaded: its drafter's blocks of `block_size` and its tree budget, or the
         autoregressive baseline where no drafter was loaded (`specdec.engine.decode_config`)."""
         return decode_config(
-            self.drafter, block_size=self.block_size, tree=self.tree, max_new_tokens=max_new_tokens,
-            sampling=sampling, stop_token_ids=stop_token_ids, max_context=max_context, logits=logits,
+            self.drafter,
+            block_size=self.block_size,
+            tree=self.tree,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            stop_token_ids=stop_token_ids,
+            max_context=max_context,
+            logits=logits,
             logprobs=logprobs,
-        )  # fmt: skip
+        )
 
 
 def _log(line: str) -> None:
@@ -283,8 +287,9 @@ def load(spec: RunSpec, *, log: Callable[[str], None] = _log) -> Loaded:
     )
     log(f"dtype {dtype} ({why})")
     if table:  # its dtype, now that "auto" chose one
-        VerifyCosts.check_measured_on(table, source=str(spec.costs), runtime=spec.verifier, model=None,
-                                      dtype=dtype)  # fmt: skip
+        VerifyCosts.check_measured_on(
+            table, source=str(spec.costs), runtime=spec.verifier, model=None, dtype=dtype
+        )
     costs = None
     if spec.auto_block or spec.auto_cut:
         costs = VerifyCosts.from_table(table, source=spec.costs) if table else VerifyCosts.measure(verifier)
@@ -325,17 +330,29 @@ def _tree_budget(
 
 
 def drafter_for(
-    spec: RunSpec, verifier: Verifier, *, dtype: str, costs: VerifyCosts | None, runtime: str | None = None,
+    spec: RunSpec,
+    verifier: Verifier,
+    *,
+    dtype: str,
+    costs: VerifyCosts | None,
+    runtime: str | None = None,
     plan: DrafterPlan | None = None,
-) -> Drafter | None:  # fmt: skip
+) -> Drafter | None:
     """The drafter `spec` names, bound to `verifier`, in `dtype`, its drafts cut by `costs` where given (else
     by `spec.min_confidence`), in drafter runtime `runtime` (default `spec.drafter_runtime`); `plan`: the
     drafter as `RunSpec.check` read it (else it is read here)."""
     return load_drafter(
-        plan or spec.drafter, verifier=verifier, block_size=spec.fixed_block, device=spec.device,
-        dtype=dtype, min_confidence=spec.fixed_confidence, runtime=runtime or spec.drafter_runtime,
-        corpus=spec.corpus, corpus_cut=spec.corpus_cut, costs=costs,
-    )  # fmt: skip
+        plan or spec.drafter,
+        verifier=verifier,
+        block_size=spec.fixed_block,
+        device=spec.device,
+        dtype=dtype,
+        min_confidence=spec.fixed_confidence,
+        runtime=runtime or spec.drafter_runtime,
+        corpus=spec.corpus,
+        corpus_cut=spec.corpus_cut,
+        costs=costs,
+    )
 
 
 def run(

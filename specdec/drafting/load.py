@@ -19,17 +19,33 @@ from specdec.protocols import Drafter, Verifier
 
 __all__ = [
     "DRAFTER_RUNTIMES", "DrafterPlan", "check_corpus_for", "check_drafter", "check_drafter_fits",
-    "check_drafter_runtimes", "check_kind_runtime", "load_drafter",
+    "check_drafter_runtimes", "check_kind_runtime", "check_plan", "load_drafter",
 ]  # fmt: skip
 
 DRAFTER_RUNTIMES = ("torch", "mlx")
 
 
-def check_drafter(spec: str | DrafterSpec | DrafterPlan | None) -> DrafterPlan:
-    """A drafter spec checked before any model loads (`registry.plan`): its grammar, its kind, a
-    checkpoint's format, config and weights header (a hub repo id is fetched into its cache), a draft
-    model's name. The API's edge: everything after it takes the plan."""
-    return plan(spec)
+#: a drafter spec checked before any model loads (`registry.plan`): its grammar, its kind, a checkpoint's
+#: format, config and weights header (a hub repo id is fetched into its cache), a draft model's name.
+#: The API's edge: everything after it takes the plan.
+check_drafter = plan
+
+
+def check_plan(
+    plan: DrafterPlan,
+    *,
+    runtime: str,
+    target: Any = None,
+    target_folder: Path | None = None,
+    corpus: str | os.PathLike[str] | None = None,
+) -> None:
+    """Everything about a planned drafter that can be known before a model loads, in one place: its kind
+    runs in drafter runtime `runtime`, fits the verifier's model as far as it is known
+    (`check_drafter_fits`), and a `corpus` goes with its "+lookup" (`check_corpus_for`)."""
+    if corpus is not None:
+        check_corpus_for(plan, corpus, target=target)
+    check_kind_runtime(plan, runtime)
+    check_drafter_fits(plan, target, target_folder=target_folder)
 
 
 def check_drafter_fits(plan: DrafterPlan, target: Any, *, target_folder: Path | None = None) -> None:
@@ -95,7 +111,7 @@ def load_drafter(
     if runtime not in DRAFTER_RUNTIMES:
         raise ValueError(f"unknown drafter runtime {runtime!r}; choose one of {DRAFTER_RUNTIMES}")
     policy = DraftPolicy(min_confidence=min_confidence, corpus_cut=corpus_cut, costs=costs)  # checked here
-    plan = check_drafter(spec)
+    plan = spec if isinstance(spec, DrafterPlan) else check_drafter(spec)
     if corpus is not None:
         check_corpus_for(plan, corpus)  # before the drafter loads
     check_device_dtype(device, torch_dtype(dtype))

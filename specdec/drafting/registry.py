@@ -20,7 +20,7 @@ Adding a kind: its folder with its drafter(s) and its entry, the entry in `KINDS
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +53,29 @@ __all__ = [
 LOOKUP_SUFFIX = "+lookup"
 
 NONE_KIND = DrafterKind(
-    name="none", summary="no drafter: the autoregressive baseline (the same loop, one token a step)",
-    loop="none", needs="nothing", runtimes=("torch", "mlx"), word="none", mixes=False, cuts=False,
+    name="none",
+    summary="no drafter: the autoregressive baseline (the same loop, one token a step)",
+    loop="none",
+    needs="nothing",
+    runtimes=("torch", "mlx"),
+    word="none",
+    mixes=False,
+    cuts=False,
     load=lambda plan, **_: None,
-)  # fmt: skip
+)
 
 #: every kind, the grammar's words first; `specdec --help` lists the checkpoint kinds in this order
 KINDS: tuple[DrafterKind, ...] = (
-    NONE_KIND, PROMPT_LOOKUP_KIND, MODEL_KIND, MTP_KIND,
-    DFLASH_KIND, EAGLE3_KIND, GEMMA4_ASSISTANT_KIND, MTP_SPLIT_KIND, MEDUSA_KIND,
-)  # fmt: skip
+    NONE_KIND,
+    PROMPT_LOOKUP_KIND,
+    MODEL_KIND,
+    MTP_KIND,
+    DFLASH_KIND,
+    EAGLE3_KIND,
+    GEMMA4_ASSISTANT_KIND,
+    MTP_SPLIT_KIND,
+    MEDUSA_KIND,
+)
 #: the checkpoint formats, (`formats.Format.family`, dialect), some kind reads
 READABLE = frozenset().union(*(k.formats for k in KINDS))
 
@@ -76,6 +89,14 @@ class DrafterSpec:
     word: str
     source: str = ""
     lookup: bool = False
+    #: this spec without its "+lookup" (itself where it has none), made once
+    base: DrafterSpec = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        base = (
+            replace(self, text=self.text.removesuffix(LOOKUP_SUFFIX), lookup=False) if self.lookup else self
+        )
+        object.__setattr__(self, "base", base)
 
     @classmethod
     def parse(cls, text: str | DrafterSpec | None) -> DrafterSpec:
@@ -114,11 +135,6 @@ class DrafterSpec:
         return self.word == "none"
 
     @property
-    def base(self) -> DrafterSpec:
-        """This spec without its "+lookup"."""
-        return DrafterSpec.parse(self.text.removesuffix(LOOKUP_SUFFIX)) if self.lookup else self
-
-    @property
     def bundled(self) -> str | None:
         """The model of a "bundled:<model>" checkpoint, else None."""
         return self.source.removeprefix("bundled:") if self._is_bundled else None
@@ -152,17 +168,19 @@ class DrafterSpec:
 class DrafterPlan:
     """A `--drafter` value checked before anything loads: its spec, its kind, what the kind's check or read
     returned (`header`: for DFlash the `DFlashConfig`, checked against the weights' header), and a
-    checkpoint's folder."""
+    checkpoint's folder; everything downstream of the API's edge takes it."""
 
     spec: DrafterSpec
     kind: DrafterKind
     header: Any = None
     folder: Path | None = None
+    #: how the result JSON and messages name the drafter (`DrafterSpec.drafter_name` for a checkpoint)
+    name: str = ""
 
-    @property
-    def name(self) -> str:
-        """How the result JSON names a checkpoint's drafter (`DrafterSpec.drafter_name`)."""
-        return self.spec.drafter_name(self.folder) if self.folder is not None else self.spec.base.text
+    def __post_init__(self) -> None:
+        if not self.name:
+            name = self.spec.drafter_name(self.folder) if self.folder is not None else self.spec.base.text
+            object.__setattr__(self, "name", name)
 
     @property
     def block_size(self) -> int | None:
@@ -199,14 +217,14 @@ def plan(spec: str | DrafterSpec | DrafterPlan | None) -> DrafterPlan:
     config and weights header (a hub repo id is fetched into its cache), a draft model's name."""
     if isinstance(spec, DrafterPlan):
         return spec
-    spec = DrafterSpec.parse(spec)
+    spec = spec if isinstance(spec, DrafterSpec) else DrafterSpec.parse(spec)
     if not spec.base.word:
         return read_checkpoint(spec)
     kind = next(k for k in KINDS if k.word.removesuffix(":") == spec.base.word)
     return DrafterPlan(spec, kind, kind.check(spec.base.source) if kind.check else None)
 
 
-def read_checkpoint(spec: str | DrafterSpec) -> DrafterPlan:
+def read_checkpoint(spec: DrafterSpec | str) -> DrafterPlan:
     """Find and read the checkpoint a spec names (bundled, local, or fetched from the hub into its cache):
     its format from config.json (another format is named, `formats.refuse_as_drafter`), then its kind's
     `read`. One line of ValueError / FileNotFoundError where it is not a checkpoint specdec reads."""
