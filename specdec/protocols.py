@@ -264,6 +264,18 @@ class TreeProposals(Protocol):
 
 
 @runtime_checkable
+class FinalNorm(Protocol):
+    """A verifier that hands its final norm, so a drafter reading its last decoder layer's output sees
+    what the verifier's LM head reads (Medusa heads)."""
+
+    def final_norm_fn(
+        self, *, device: torch.device, dtype: torch.dtype
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """hidden [..., H] -> normed [..., H] in `dtype` on `device`, computed as the model computes it."""
+        ...
+
+
+@runtime_checkable
 class SharedKV(Protocol):
     """A verifier that hands a drafter the keys and values its attention layers hold for the committed
     positions (a Gemma-4 assistant attends over the target's own K/V and has no cache of its own)."""

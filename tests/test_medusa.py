@@ -185,3 +185,24 @@ def test_the_kind_is_reached_only_through_the_registry():
 
     users = {m for m, deps in _graph().items() for d in deps if d.startswith("specdec.drafting.medusa")}
     assert {m for m in users if not m.startswith("specdec.drafting.medusa")} == {"specdec.drafting.registry"}
+
+
+def test_any_verifier_that_hands_its_final_norm_runs_it(tmp_path):
+    """The kind needs a capability (`protocols.FinalNorm`), not a runtime: the stub verifier declares it
+    too, and its greedy output comes back exactly, with drafts verified (the repeat-the-bonus heads)."""
+    from types import SimpleNamespace
+
+    from drafters import greedy_reference
+
+    from specdec.verifiers.stub import StubVerifier
+
+    stub = StubVerifier()
+    shape = SimpleNamespace(
+        config=SimpleNamespace(hidden_size=64, vocab_size=259),
+        lm_head=SimpleNamespace(weight=stub.model.head),
+    )
+    for kw in ({}, {"own_head": True, "bias": False}):
+        d = load_drafter(str(write_medusa(tmp_path / f"s{len(kw)}", shape, **kw)), verifier=stub)
+        got = run(stub, d)
+        assert got.output_tokens == greedy_reference(stub, PROMPT, 24)
+        assert sum(s.drafted for s in got.decode_steps) > 0

@@ -108,3 +108,22 @@ def test_specdec_help_lists_the_kinds():
     out = subprocess.run([sys.executable, "-m", "specdec", "--help"], capture_output=True, text=True).stdout
     text = " ".join(out.split())
     assert all(f"{k.name}: " in text for k in KINDS if k.formats) and "model:<folder" in text
+
+
+def test_the_old_flat_names_still_import_and_warn():
+    """One release of grace for the flat room's names: the module itself (not a copy), with a warning."""
+    import importlib
+
+    import specdec.drafting.dflash.config as config
+    import specdec.drafting.dflash.torch as torch_drafter
+
+    for old, new in (("specdec.drafting.checkpoint", config), ("specdec.drafting.formats", None)):
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to"):
+            got = importlib.import_module(old)
+        assert got is (new or importlib.import_module("specdec.formats"))
+    with pytest.warns(DeprecationWarning, match="specdec.drafting.dflash.DFlashDrafter moved to"):
+        from specdec.drafting.dflash import DFlashDrafter
+    assert DFlashDrafter is torch_drafter.DFlashDrafter
+    with pytest.raises(ImportError):  # what the old module did not have is not made up
+        from specdec.drafting.dflash import nothing_of_that_name  # noqa: F401

@@ -32,7 +32,7 @@ position) and, up to transformers 5.24, fails outright when the model has no per
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,10 @@ from specdec.verifiers.hf_parts import (
     attend_invariant,
     growing_layer,
     has_sinks,
+    language_model,
     sdpa_gqa,
     set_attention,
+    text_part,
     wide_sliding_layer,
 )
 
@@ -86,47 +88,6 @@ def _as_ids(value: Any) -> set[int]:
     if isinstance(value, int):
         return {value}
     return {int(v) for v in value}
-
-
-#: where multimodal checkpoints keep their language model's weights (transformers 5, then 4), and where
-#: its causal LM class reads them
-_TEXT_WEIGHTS = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
-                 r"^language_model\.lm_head\.": "lm_head."}  # fmt: skip
-
-
-def _text_part(config: Any) -> tuple[Any, dict[str, Any]]:
-    """(config, `from_pretrained` options) that load only the language model of a multimodal checkpoint
-    whose causal-LM class is the whole vision-language model (Gemma 3 / 4, Gemma 4 unified): the text
-    model's own causal LM on the same weights, the vision and audio towers left unread. Other configs
-    pass unchanged (Qwen3.5's causal-LM class already is its text model)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as names
-
-    text = config.get_text_config(decoder=True)
-    whole = names.get(config.model_type, "").endswith("ForConditionalGeneration")
-    if text is config or not whole or text.model_type not in names:
-        return config, {}
-    return text, {"key_mapping": _TEXT_WEIGHTS}
-
-
-def _language_model(model: torch.nn.Module) -> torch.nn.Module:
-    """A vision-language model object's language model as its text model's own causal LM (as `_text_part`
-    loads it from a folder), sharing its modules: nothing is copied. Other models as they are."""
-    inner = getattr(getattr(model, "model", None), "language_model", None)
-    if not isinstance(inner, torch.nn.Module):
-        return model
-    from transformers import AutoModelForCausalLM
-
-    try:
-        with torch.device("meta"):  # the shell only: its modules are the model's own
-            text = AutoModelForCausalLM.from_config(model.config.get_text_config(decoder=True))
-    except ValueError:  # no causal LM for the text model: refused as unsupported below
-        return model
-    text.model, text.lm_head = inner, model.get_output_embeddings()
-    if any(t.is_meta for t in [*text.parameters(), *text.buffers()]):
-        return model
-    text.generation_config = model.generation_config
-    text.config._name_or_path = getattr(model.config, "_name_or_path", "")
-    return text
 
 
 def _check_layer_types(cfg: Any, name: str) -> None:
@@ -170,7 +131,7 @@ class HFVerifier:
         (`specdec.measure.verify_equals_steps`); speculative output then equals autoregressive output
         token for token in that dtype."""
         if isinstance(model_path_or_model, torch.nn.Module):
-            model = _language_model(model_path_or_model).to(device=device, dtype=dtype)
+            model = language_model(model_path_or_model).to(device=device, dtype=dtype)
             path = getattr(model.config, "_name_or_path", "") or type(model).__name__
         else:
             path = str(model_path_or_model)
@@ -248,7 +209,7 @@ class HFVerifier:
         raw = read_config(path)
         if raw is not None:  # a drafter folder: transformers would build a random model from it
             refuse_as_model(path, raw)
-        config, text_only = _text_part(AutoConfig.from_pretrained(path))
+        config, text_only = text_part(AutoConfig.from_pretrained(path))
         _check_layer_types(config.get_text_config(decoder=True), path.name)  # before the weights load
         from transformers.utils import logging as hf_logging
 
@@ -314,10 +275,13 @@ class HFVerifier:
         # are newer than some transformers 5 releases, whose models then have none of them
         names = ("DynamicLayer", "DynamicSlidingWindowLayer", "DummyLayer", "LinearAttentionLayer")
         exact = tuple(getattr(cache_utils, n) for n in names if hasattr(cache_utils, n))
-        odd = sorted({
-            type(la).__name__ for la in self._cache.layers
-            if type(la) not in exact and not getattr(la, "exact_rollback", False)  # ours (hf_parts)
-        })  # fmt: skip
+        odd = sorted(
+            {
+                type(la).__name__
+                for la in self._cache.layers
+                if type(la) not in exact and not getattr(la, "exact_rollback", False)  # ours (hf_parts)
+            }
+        )
         if odd:
             raise RuntimeError(
                 f"{self.model_name} ({self.config.model_type}) uses cache layers {odd} that cannot be "
@@ -413,9 +377,12 @@ class HFVerifier:
         reset = TREE.set(tree)  # read by our attention functions, on this thread only
         try:
             out = self.model(
-                input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=self._keep(T, last_only),
+                input_ids=ids,
+                cache=self._cache,
+                use_cache=True,
+                logits_to_keep=self._keep(T, last_only),
                 position_ids=pos,
-            )  # fmt: skip
+            )
         finally:
             TREE.reset(reset)
         self._advance(T)
@@ -532,6 +499,13 @@ class HFVerifier:
             return lambda ids: F.embedding(ids, weight)
         s = scale.to(emb.weight.dtype).to(device=device, dtype=dtype)
         return lambda ids: F.embedding(ids, weight) * s
+
+    def final_norm_fn(
+        self, *, device: torch.device, dtype: torch.dtype
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        norm = self.model.get_decoder().norm
+        where = next(norm.parameters())  # in the model's own dtype and device, as its forward runs it
+        return lambda x: norm(x.to(device=where.device, dtype=where.dtype)).to(device=device, dtype=dtype)
 
     def lm_head_fn(
         self, *, device: torch.device, dtype: torch.dtype, rows: torch.Tensor | None = None

@@ -1,7 +1,8 @@
 """What the HF verifier puts into transformers: attention functions registered under its attention
 interface (copy-free grouped-query SDPA, the batch-invariant attention of bf16 / fp16 verifies, the tree
 verify's attention, a packed forward's attention of several sequences) and cache layers (the one that
-grows in place, a wider sliding one, a packed forward's). `specdec.verifiers.hf` uses them."""
+grows in place, a wider sliding one, a packed forward's); and how a vision-language checkpoint's language
+model loads alone (`text_part`, `language_model`). `specdec.verifiers.hf` uses them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from specdec.kernels import KEY_ALIGN, TreeAttention, invariant_attention
 
 __all__ = [
     "PACK", "TREE", "Packed", "attend_invariant", "attend_packed", "growing_layer", "has_sinks",
-    "packed_layer", "sdpa_gqa", "set_attention", "wide_sliding_layer",
+    "language_model", "packed_layer", "sdpa_gqa", "set_attention", "text_part", "wide_sliding_layer",
 ]  # fmt: skip
 
 
@@ -44,10 +45,14 @@ def sdpa_gqa(
     if (tree := TREE.get()) is not None:
         return _attend_tree(module, query, key, value, tree, **kw)
     plain = (
-        query.device.type != "cpu" or getattr(module, "num_key_value_groups", 1) == 1
-        or attention_mask is None or query.shape[2] == 1
-        or kw.get("dropout", 0.0) or kw.get("softcap") is not None or kw.get("position_bias") is not None
-    )  # fmt: skip
+        query.device.type != "cpu"
+        or getattr(module, "num_key_value_groups", 1) == 1
+        or attention_mask is None
+        or query.shape[2] == 1
+        or kw.get("dropout", 0.0)
+        or kw.get("softcap") is not None
+        or kw.get("position_bias") is not None
+    )
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
     out = F.scaled_dot_product_attention(
@@ -114,9 +119,14 @@ def _attend_tree(
     (`TreeAttention.attend`: bit for bit where the verifier is batch-invariant)."""
     window = kw.get("sliding_window") or getattr(module, "sliding_window", None)
     out = tree.attend(
-        query, key, value, scale=kw.get("scaling") or query.shape[-1] ** -0.5, softcap=kw.get("softcap"),
-        window=window, sinks=kw.get("s_aux"),
-    )  # fmt: skip
+        query,
+        key,
+        value,
+        scale=kw.get("scaling") or query.shape[-1] ** -0.5,
+        softcap=kw.get("softcap"),
+        window=window,
+        sinks=kw.get("s_aux"),
+    )
     return out.transpose(1, 2).contiguous(), None  # [1, T, heads, D] as transformers returns it
 
 
@@ -351,8 +361,13 @@ def pack_linear_attention(model: torch.nn.Module) -> int:
             continue
         own = inner.forward
 
-        def forward(hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None,
-                    _own: Any = own, **kw: Any) -> torch.Tensor:  # fmt: skip
+        def forward(
+            hidden_states: torch.Tensor,
+            cache: Any = None,
+            attention_mask: Any = None,
+            _own: Any = own,
+            **kw: Any,
+        ) -> torch.Tensor:
             pack = PACK.get()
             if pack is None:
                 return _own(hidden_states, cache=cache, attention_mask=attention_mask, **kw)
@@ -394,3 +409,44 @@ def _packed_layer_class() -> type:
             return query_length, 0  # a mask nobody reads (`attend_packed`)
 
     return PackedLayer
+
+
+#: where multimodal checkpoints keep their language model's weights (transformers 5, then 4), and where
+#: its causal LM class reads them
+_TEXT_WEIGHTS = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
+                 r"^language_model\.lm_head\.": "lm_head."}  # fmt: skip
+
+
+def text_part(config: Any) -> tuple[Any, dict[str, Any]]:
+    """(config, `from_pretrained` options) that load only the language model of a multimodal checkpoint
+    whose causal-LM class is the whole vision-language model (Gemma 3 / 4, Gemma 4 unified): the text
+    model's own causal LM on the same weights, the vision and audio towers left unread. Other configs
+    pass unchanged (Qwen3.5's causal-LM class already is its text model)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as names
+
+    text = config.get_text_config(decoder=True)
+    whole = names.get(config.model_type, "").endswith("ForConditionalGeneration")
+    if text is config or not whole or text.model_type not in names:
+        return config, {}
+    return text, {"key_mapping": _TEXT_WEIGHTS}
+
+
+def language_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A vision-language model object's language model as its text model's own causal LM (as `text_part`
+    loads it from a folder), sharing its modules: nothing is copied. Other models as they are."""
+    inner = getattr(getattr(model, "model", None), "language_model", None)
+    if not isinstance(inner, torch.nn.Module):
+        return model
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):  # the shell only: its modules are the model's own
+            text = AutoModelForCausalLM.from_config(model.config.get_text_config(decoder=True))
+    except ValueError:  # no causal LM for the text model: refused as unsupported below
+        return model
+    text.model, text.lm_head = inner, model.get_output_embeddings()
+    if any(t.is_meta for t in [*text.parameters(), *text.buffers()]):
+        return model
+    text.generation_config = model.generation_config
+    text.config._name_or_path = getattr(model.config, "_name_or_path", "")
+    return text

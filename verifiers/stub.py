@@ -11,7 +11,7 @@ BOS / EOS / PAD, so it can encode and decode any text.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,9 +258,14 @@ class StubVerifier:
         return x, captured
 
     def attend(
-        self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+        self,
+        li: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
         tree: TreeAttention | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """Layer li's new keys and values [nh, T, hd] into this verifier's cache at its position, and the
         attention of queries q [nh, T, hd] over the cache (`mask` [T, p0+T]; a tree's own) -> [nh, T, hd]."""
         p0, T, hd = self._pos, q.shape[1], q.shape[-1]
@@ -317,6 +322,12 @@ class StubVerifier:
     def embed_fn(self, *, device: torch.device, dtype: torch.dtype) -> EmbedFn:
         weight = self.model.embed.detach().to(device=device, dtype=dtype)  # [V, H]
         return lambda ids: F.embedding(ids, weight)
+
+    def final_norm_fn(
+        self, *, device: torch.device, dtype: torch.dtype
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        weight = self.model.norm.detach()
+        return lambda x: _rms_norm(x.to(weight.dtype), weight, self.cfg.eps).to(device=device, dtype=dtype)
 
     def lm_head_fn(
         self, *, device: torch.device, dtype: torch.dtype, rows: torch.Tensor | None = None

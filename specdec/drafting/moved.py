@@ -44,6 +44,7 @@ MOVED = {
         "ngrams": "lookup.ngrams",
     }.items()
 }
+MOVED["specdec.drafting.formats"] = "specdec.formats"  # the verifiers read it too: it sits below them
 
 
 def _warn(old: str, new: str, level: int) -> None:

@@ -93,11 +93,17 @@ def read_medusa(folder: Path, raw: Mapping[str, Any], *, name: str | None = None
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     prefix = "medusa_heads." if any(k.startswith("medusa_heads.") for k in shapes) else ""
     cfg = MedusaConfig(
-        num_heads=raw["num_heads"], num_layers=raw["num_hidden_layers"], hidden_size=raw["hidden_size"],
-        vocab_size=raw["vocab_size"], draft_vocab_size=K, fc_bias=bool(raw.get("medusa_fc_bias", False)),
-        logit_scale=float(raw.get("logit_scale", 1.0)), shared_head=bool(raw.get("original_lm_head", False)),
-        weights_file=path.name, prefix=prefix,
-    )  # fmt: skip
+        num_heads=raw["num_heads"],
+        num_layers=raw["num_hidden_layers"],
+        hidden_size=raw["hidden_size"],
+        vocab_size=raw["vocab_size"],
+        draft_vocab_size=K,
+        fc_bias=bool(raw.get("medusa_fc_bias", False)),
+        logit_scale=float(raw.get("logit_scale", 1.0)),
+        shared_head=bool(raw.get("original_lm_head", False)),
+        weights_file=path.name,
+        prefix=prefix,
+    )
     for key, shape in cfg.names().items():
         if key not in shapes:
             raise ValueError(f"drafter {name!r}: {path.name} has no {key!r}")

@@ -1,4 +1,5 @@
-"""Medusa heads in PyTorch, beside the HF verifier (what they compute: `config.py`).
+"""Medusa heads in PyTorch, beside a verifier that hands its final norm (`protocols.FinalNorm`: HF, stub;
+what they compute: `config.py`).
 
 They read one row of the verifier's features, its last decoder layer's output at the last committed
 position, through the verifier's own final norm; every head drafts from that one state at once, so a
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from specdec.drafting.medusa.config import MedusaConfig, check_medusa_fits
 from specdec.memory import probe_for_device
-from specdec.protocols import MemoryProbe
+from specdec.protocols import FinalNorm, MemoryProbe
 
 __all__ = ["MedusaDrafter"]
 
@@ -27,9 +28,16 @@ class MedusaDrafter:
     runtime = "torch"
 
     def __init__(
-        self, cfg: MedusaConfig, weights: dict[str, torch.Tensor], *, name: str, block_size: int | None,
-        device: torch.device, dtype: torch.dtype, capacity: int = 256,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: MedusaConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        name: str,
+        block_size: int | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        capacity: int = 256,
+    ) -> None:
         self.cfg, self.name, self.device, self.dtype = cfg, name, device, dtype
         self.block_size = min(block_size or cfg.block_size, cfg.block_size)  # one draft per head at most
         self.feature_dim, self.vocab_size = cfg.hidden_size, cfg.vocab_size
@@ -41,8 +49,9 @@ class MedusaDrafter:
         )
         self.b = (
             torch.stack([torch.stack([w(f"blocks.{i}.layers.{j}.bias") for j in range(L)]) for i in range(n)])
-            if cfg.fc_bias else torch.zeros(n, L, H, device=device, dtype=dtype)
-        )  # fmt: skip
+            if cfg.fc_bias
+            else torch.zeros(n, L, H, device=device, dtype=dtype)
+        )
         self.heads = torch.stack(
             [w(f"lm_heads.{0 if cfg.shared_head else i}.weight") for i in range(n)]
         )  # [n, K, H]
@@ -68,16 +77,15 @@ class MedusaDrafter:
         return self._len
 
     def bind(self, verifier: Any) -> None:
-        """Beside an HF verifier of the hidden size and vocabulary the heads were trained for: its last
-        layer's outputs as features, its final norm applied here."""
-        if verifier.runtime != "hf":
+        """Beside a verifier of the hidden size and vocabulary the heads were trained for: its last layer's
+        outputs as features, its final norm (`FinalNorm`) applied here."""
+        if not isinstance(verifier, FinalNorm):
             raise ValueError(
-                f"drafter {self.name!r} (Medusa) runs beside the HF verifier, not {verifier.runtime}"
+                f"drafter {self.name!r} (Medusa) reads the verifier's final norm, which the "
+                f"{verifier.runtime} verifier does not hand out (the HF and stub verifiers do)"
             )
         check_medusa_fits(self.cfg, verifier, self.name)
-        norm = verifier.model.get_decoder().norm
-        ndtype = next(norm.parameters()).dtype
-        self._norm = lambda x: norm(x.to(ndtype)).to(self.dtype)
+        self._norm = verifier.final_norm_fn(device=self.device, dtype=self.dtype)
         self.target_layer_ids = (verifier.num_layers - 1,)
         self.reset()
 
