@@ -30,8 +30,10 @@ from specdec.kernels import linear_fn
 from specdec.protocols import EmbedFn, LMHeadFn
 
 __all__ = [
+    "MLX_DTYPES",
     "UNSUPPORTED_HEAD_TYPES",
     "dequantized_weight",
+    "dtype_name",
     "embed_scale",
     "final_softcap",
     "head_module",
@@ -44,6 +46,14 @@ __all__ = [
 ]
 
 _KDL_CPU, _KDL_METAL = 1, 8  # DLPack device types
+#: the dtypes an MLX model or drafter runs in, by name
+MLX_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
+def dtype_name(d: mx.Dtype) -> str:
+    """ "mlx.core.float32" -> "float32"."""
+    return str(d).rsplit(".", 1)[-1]
+
 
 #: mlx_lm architectures whose embedding or head does something this module does not reproduce (scaled
 #: logits, muP multipliers, per-layer inputs, ...): found by grepping mlx_lm 0.32 models/ for embedding
@@ -52,10 +62,22 @@ _KDL_CPU, _KDL_METAL = 1, 8  # DLPack device types
 #: main (scaled) token embedding, so they are not part of embed_fn.
 UNSUPPORTED_HEAD_TYPES = frozenset(
     {
-        "afmoe", "cohere", "cohere2", "falcon_h1", "gear", "gemma3n", "granite", "granitemoe",
-        "granitemoehybrid", "minicpm", "minicpm3", "muse_glimmer", "muse_spark", "phi3small",
+        "afmoe",
+        "cohere",
+        "cohere2",
+        "falcon_h1",
+        "gear",
+        "gemma3n",
+        "granite",
+        "granitemoe",
+        "granitemoehybrid",
+        "minicpm",
+        "minicpm3",
+        "muse_glimmer",
+        "muse_spark",
+        "phi3small",
     }
-)  # fmt: skip
+)
 
 
 def materialize(*objs: Any) -> None:

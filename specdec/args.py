@@ -105,60 +105,72 @@ def add_verifier_args(p: argparse.ArgumentParser, *, runtime: str = "stub", mode
         help="short name (smollm2-135m, gemma3-270m), local HF folder or mlx repo id",
     )
     p.add_argument(
-        "--dtype", default="auto",
+        "--dtype",
+        default="auto",
         help="float32 | bfloat16 | float16 | auto (bf16 on a CPU with AMX or avx512_bf16 where the verify is "
         "batch-invariant, i.e. exact; else fp32)",
-    )  # fmt: skip
+    )
     p.add_argument("--device", default="cpu", help="torch device of the drafter (and of an hf verifier)")
 
 
 def add_drafter_args(p: argparse.ArgumentParser, *, drafter: str = "prompt-lookup") -> None:
     p.add_argument(
-        "--drafter", default=drafter,
+        "--drafter",
+        default=drafter,
         help="'none' (autoregressive), 'prompt-lookup', 'bundled:<model>', a DFlash checkpoint folder or hub "
         "id, or 'model:<folder | name>': a small LM of the verifier's tokenizer drafting token by token; "
         "append '+lookup' to a DFlash drafter or draft model for prompt lookup where the text repeats",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--block-size", type=or_auto(at_least(1, MAX_VERIFY_TOKENS)),
+        "--block-size",
+        type=or_auto(at_least(1, MAX_VERIFY_TOKENS)),
         help=f"default: the drafter's ({LOOKUP_BLOCK_SIZE} for prompt lookup, {MODEL_BLOCK_SIZE} for a draft "
         "model); auto: from --costs",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--drafter-runtime", choices=DRAFTER_RUNTIMES, default="torch",
+        "--drafter-runtime",
+        choices=DRAFTER_RUNTIMES,
+        default="torch",
         help="torch: the PyTorch drafter on --device (any verifier; a draft model in transformers); mlx: "
         "the same checkpoint (or draft model, in mlx_lm) run in MLX beside an MLX verifier, nothing "
         "crossing to torch",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--min-confidence", type=or_auto(finite(0, 1)), default=0.0,
+        "--min-confidence",
+        type=or_auto(finite(0, 1)),
+        default=0.0,
         help="cut DFlash blocks where the drafter's running top-1 probability falls below this (0: whole "
         "blocks). Worth it where verifying several tokens costs far more than one, as on CPUs; auto: cut "
         "every draft where it commits the most tokens per verify cost (see --costs)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--tree", type=or_auto(at_least(2, MAX_VERIFY_TOKENS)),
+        "--tree",
+        type=or_auto(at_least(2, MAX_VERIFY_TOKENS)),
         help="verify a tree of up to N drafts per step (the last token included) built best first from the "
         "drafter's candidates at each block position, instead of one chain (DFlash drafters, optionally "
         "+lookup; attention-only models); auto: as many as pay for their verify cost (tree verifies timed at "
         "load, or the --costs table)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--costs", metavar="JSON",
+        "--costs",
+        metavar="JSON",
         help="a verify cost table (`specdec bench-verify --out`) for --block-size / --min-confidence auto; "
         "without it they time this verifier's verifies at load (a few seconds)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--corpus", metavar="DIR",
+        "--corpus",
+        metavar="DIR",
         help="with a '+lookup' drafter, where lookup has nothing draft by n-grams of this corpus of the "
         "verifier's own answers (a `specdec train` corpus folder, or bundled:<model> for a bundled one), and "
         "price lookup's drafts by how often they are accepted in it",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--corpus-cut", type=finite(0, 1), default=0.4,
+        "--corpus-cut",
+        type=finite(0, 1),
+        default=0.4,
         help="end a corpus n-gram draft where its running share (how often the corpus continued so) "
         "falls below this",
-    )  # fmt: skip
+    )
 
 
 def add_max_new_tokens(p: argparse.ArgumentParser, *, default: int) -> None:
@@ -175,9 +187,11 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=finite(0, 1), default=0.0)
     p.add_argument("--seed", type=at_least(0, 2**63 - 1), default=0)
     p.add_argument(
-        "--rule", choices=RULES, default="match",
+        "--rule",
+        choices=RULES,
+        default="match",
         help="T>0 verification: 'match' (same seed = same output as no speculation) or 'rejection'",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--proposal", choices=PROPOSALS, default="argmax", help="T>0: how the drafter picks drafts"
     )
@@ -287,20 +301,33 @@ def sampling_of(args: argparse.Namespace) -> SamplingParams:
     if args.tree is not None and (args.rule, args.proposal) != ("match", "argmax"):
         raise ValueError("--tree verifies with --rule match and --proposal argmax; give those, or no --tree")
     return SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed,
-        rule=args.rule, proposal=args.proposal,
-    )  # fmt: skip
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        rule=args.rule,
+        proposal=args.proposal,
+    )
 
 
 def run_spec(args: argparse.Namespace) -> RunSpec:
     """The `specdec.api.RunSpec` the verifier and drafter options give (`add_verifier_args`,
     `add_drafter_args`); `specdec.api.load` checks and loads it."""
     return RunSpec(
-        verifier=args.verifier, model=args.model, dtype=args.dtype, device=args.device, drafter=args.drafter,
-        drafter_runtime=args.drafter_runtime, block_size=args.block_size, costs=args.costs,
+        verifier=args.verifier,
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        drafter=args.drafter,
+        drafter_runtime=args.drafter_runtime,
+        block_size=args.block_size,
+        costs=args.costs,
         min_confidence=0.0 if args.min_confidence is None else args.min_confidence,  # None: not given
-        corpus=args.corpus, corpus_cut=args.corpus_cut, tree=args.tree,
-    )  # fmt: skip
+        corpus=args.corpus,
+        corpus_cut=args.corpus_cut,
+        tree=args.tree,
+    )
 
 
 def _one_line(e: BaseException) -> str:

@@ -69,8 +69,9 @@ def generate_many(batch: Any, requests: Sequence[Request]) -> list[PromptResult 
             seq = batch.sequence()
             if r.drafter is not None:  # drafters that read the verifier (its K/V, its states) read this one
                 r.drafter.bind(seq)
-            out[i] = generate(seq, r.prompt, drafter=r.drafter, cfg=r.cfg, prompt_id=r.prompt_id,
-                              cancel=r.cancel)  # fmt: skip
+            out[i] = generate(
+                seq, r.prompt, drafter=r.drafter, cfg=r.cfg, prompt_id=r.prompt_id, cancel=r.cancel
+            )
         except Exception as e:  # reported in its slot: one request's error does not stop the others
             out[i] = e
 

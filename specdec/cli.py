@@ -238,11 +238,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     lookup = cpu and not args.no_lookup
     corpus = lookup and not args.no_corpus and bundled_corpus(args.model) is not None
     spec = RunSpec(
-        verifier=runtime, model=args.model, dtype=args.dtype, device=device, verifier_device="cpu",
-        drafter=f"bundled:{args.model}" + ("+lookup" if lookup else ""), drafter_runtime=args.drafter_runtime,
-        block_size=args.block_size, corpus=f"bundled:{args.model}" if corpus else None,
+        verifier=runtime,
+        model=args.model,
+        dtype=args.dtype,
+        device=device,
+        verifier_device="cpu",
+        drafter=f"bundled:{args.model}" + ("+lookup" if lookup else ""),
+        drafter_runtime=args.drafter_runtime,
+        block_size=args.block_size,
+        corpus=f"bundled:{args.model}" if corpus else None,
         min_confidence=args.min_confidence if args.min_confidence is not None else "auto" if cpu else 0.0,
-    )  # fmt: skip
+    )
     m = load(spec)
     verifier, drafter = m.verifier, m.drafter
     records = load_dataset("humaneval", args.limit)
@@ -349,19 +355,23 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     add_max_new_tokens(d, default=96)
     d.add_argument("--block-size", type=at_least(1), help="default: the drafter's block size")
     d.add_argument(
-        "--min-confidence", type=finite(0, 1),
+        "--min-confidence",
+        type=finite(0, 1),
         help="cut DFlash blocks below this running top-1 probability (default: on a CPU every draft is "
         "cut where it commits the most tokens per verify cost, measured at start; else whole blocks)",
-    )  # fmt: skip
+    )
     d.add_argument("--no-lookup", action="store_true", help="DFlash alone (default on a CPU: +lookup)")
     d.add_argument(
-        "--no-corpus", action="store_true",
+        "--no-corpus",
+        action="store_true",
         help="no n-grams of the bundled training corpus where lookup has nothing (default on a CPU: used)",
-    )  # fmt: skip
+    )
     d.add_argument(
-        "--drafter-runtime", choices=DRAFTER_RUNTIMES, default="torch",
+        "--drafter-runtime",
+        choices=DRAFTER_RUNTIMES,
+        default="torch",
         help="mlx: the drafter in MLX beside an MLX verifier (nothing crosses to torch)",
-    )  # fmt: skip
+    )
     d.add_argument("--out", default="runs/demo")
     d.set_defaults(func=cmd_demo)
 

@@ -82,9 +82,11 @@ class Corpus:
             raise ValueError("the corpus folder is empty; give a folder such as runs/corpus")
         path = Path(path)
         want = {
-            "model": verifier.model_name, "vocab_size": verifier.vocab_size,
-            "hidden_size": verifier.hidden_size, "num_layers": verifier.num_layers,
-        }  # fmt: skip
+            "model": verifier.model_name,
+            "vocab_size": verifier.vocab_size,
+            "hidden_size": verifier.hidden_size,
+            "num_layers": verifier.num_layers,
+        }
         if (path / "corpus.json").is_file():
             c = cls(path)
             diff = {
@@ -181,10 +183,11 @@ class Corpus:
         for stage in self.meta["stages"]:
             seqs = list(self.sequences(stage))
             out[stage] = {
-                "n_prompts": self.meta["stages"][stage]["n_prompts"], "n_sequences": len(seqs),
+                "n_prompts": self.meta["stages"][stage]["n_prompts"],
+                "n_sequences": len(seqs),
                 "prompt_tokens": sum(s.prompt_len for s in seqs),
                 "response_tokens": sum(len(s.ids) - s.prompt_len for s in seqs),
-            }  # fmt: skip
+            }
         return out
 
 

@@ -38,8 +38,14 @@ def resolve_dtype(name: str, runtime: str, device: str = "cpu") -> tuple[str, st
             "float32",
             f"{runtime} on {device}: the exact dtype everywhere (no batch-invariant bf16 verify here)",
         )
-    units = [n for n, has in (("AMX", torch.cpu._is_amx_tile_supported()),
-                              ("avx512_bf16", torch.cpu._is_avx512_bf16_supported())) if has]  # fmt: skip
+    units = [
+        n
+        for n, has in (
+            ("AMX", torch.cpu._is_amx_tile_supported()),
+            ("avx512_bf16", torch.cpu._is_avx512_bf16_supported()),
+        )
+        if has
+    ]
     if not units:
         return (
             "float32",

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -81,10 +82,15 @@ def decode_config(
     tree), drafting blocks of `block_size` (None: the drafter's own) and verifying trees within `tree`."""
     block = 1 if drafter is None else block_size or drafter.block_size
     return DecodeConfig(
-        max_new_tokens=max_new_tokens, block_size=block, stop_token_ids=stop_token_ids,
-        max_context=max_context, sampling=sampling, tree=tree if block > 1 else None, logits=logits,
+        max_new_tokens=max_new_tokens,
+        block_size=block,
+        stop_token_ids=stop_token_ids,
+        max_context=max_context,
+        sampling=sampling,
+        tree=tree if block > 1 else None,
+        logits=logits,
         logprobs=logprobs,
-    )  # fmt: skip
+    )
 
 
 def _stops(verifier: Verifier, cfg: DecodeConfig) -> frozenset[int]:
@@ -329,10 +335,17 @@ def _finish(
 
 
 def _prefill(
-    verifier: Verifier, drafter: Drafter | None, prompt: Sequence[int], keep: int, sampler: Sampler | None,
-    proc: Processor | None, lp: Logprobs | None, probes: tuple[MemoryProbe, MemoryProbe | None], finish: Any,
+    verifier: Verifier,
+    drafter: Drafter | None,
+    prompt: Sequence[int],
+    keep: int,
+    sampler: Sampler | None,
+    proc: Processor | None,
+    lp: Logprobs | None,
+    probes: tuple[MemoryProbe, MemoryProbe | None],
+    finish: Any,
     rule: str,
-) -> StepRecord:  # fmt: skip
+) -> StepRecord:
     """The prompt's rest in one call, its last logits giving the first token; the drafter takes the
     prompt's features."""
     clock, (vprobe, dprobe) = time.perf_counter, probes
@@ -354,18 +367,34 @@ def _prefill(
     out, reason = finish([token], 0)
     step_s = clock() - t0
     return StepRecord(
-        index=0, phase="prefill", drafted=0, accepted=0, acceptance_length=1, tokens=out,
-        draft_s=draft_s, verify_s=t1 - t0, bridge_s=bridge_s, other_s=step_s - draft_s - (t1 - t0) - bridge_s,
-        step_s=step_s, peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
+        index=0,
+        phase="prefill",
+        drafted=0,
+        accepted=0,
+        acceptance_length=1,
+        tokens=out,
+        draft_s=draft_s,
+        verify_s=t1 - t0,
+        bridge_s=bridge_s,
+        other_s=step_s - draft_s - (t1 - t0) - bridge_s,
+        step_s=step_s,
+        peak_memory={"verifier": vmem, "drafter": dmem},
+        finish_reason=reason,
+        rule=rule,
         batch_size=verifier.batch_size if isinstance(verifier, BatchedCalls) else None,
         logprobs=lp.take([-1], out) if lp is not None else None,
-    )  # fmt: skip
+    )
 
 
 def _draft(
-    drafter: Drafter, sampler: Sampler | None, tree_budget: TreeBudget | None, token: int, k: int, pos: int,
+    drafter: Drafter,
+    sampler: Sampler | None,
+    tree_budget: TreeBudget | None,
+    token: int,
+    k: int,
+    pos: int,
     room: int,
-) -> tuple[list[int], torch.Tensor | None, Tree | None]:  # fmt: skip
+) -> tuple[list[int], torch.Tensor | None, Tree | None]:
     """This step's drafts after `token` (the first at absolute position `pos`): a chain of at most k, with q
     [k, V] where sampled, or with `tree_budget` a tree of at most k levels (no more nodes than `room`)."""
     if tree_budget is not None:  # its nodes sit in the cache until the path is kept: within the room left
@@ -376,7 +405,69 @@ def _draft(
     return draft, q, None
 
 
-# long: the loop is the engine; read top to bottom it shows every phase of a step and where its time goes
+def _setup(
+    verifier: Verifier, cfg: DecodeConfig, prompt: Sequence[int]
+) -> tuple[frozenset[int], int, Sampler | None, Processor | None, Logprobs | None, str]:
+    """What a run decodes under: its stop tokens (a grammar's end tokens added: a run under a grammar
+    ends with it), the context limit, the sampler (None: greedy), the logits processor, the logprobs
+    collector and the acceptance rule's name."""
+    stops = _stops(verifier, cfg)
+    limit = context_limit(verifier, cfg.max_context)
+    sp = cfg.sampling if cfg.sampling is not None and not cfg.sampling.greedy else None
+    proc = _processor(verifier, cfg, prompt)
+    if proc is not None and proc.constraint is not None:
+        stops = stops | proc.constraint.end_tokens
+    lp = Logprobs(cfg.logprobs) if cfg.logprobs is not None else None
+    return stops, limit, Sampler(sp, limit) if sp else None, proc, lp, sp.rule if sp else "greedy"
+
+
+def _verify_chain(
+    verifier: Verifier,
+    token: int,
+    draft: list[int],
+    q: Any,
+    cut: Any,
+    sampler: Sampler | None,
+    proc: Processor | None,
+    lp: Logprobs | None,
+    pos: int,
+    *,
+    ahead: bool,
+) -> list[int]:
+    """[k+1]: the verifier's token after each of `[token, *draft]`, each row picked under its own history.
+    `ahead` (no drafter): the next step's input is this step's output, which an asynchronous runtime can
+    start on before the host sees it."""
+    rows = lambda: [draft[:i] for i in range(len(draft) + 1)]  # noqa: E731 (row i's history)
+    check = _picker(sampler, proc, rows, lambda x: sampler.verify(x, draft, q, pos, cut=cut), lp)
+    return verifier.verify([token, *draft], sample=check, ahead=ahead)
+
+
+def _phase_times(t0: float, t1: float, t2: float, t3: float, t4: float, t5: float) -> dict[str, float]:
+    """A step's time by phase: drafting (proposal t0-t1, extend t4-t5), verify (t1-t2), the bridge's
+    features (t3-t4), and the rest (acceptance, rollback)."""
+    draft_s, verify_s, bridge_s = (t1 - t0) + (t5 - t4), t2 - t1, t4 - t3
+    other_s = (t5 - t0) - draft_s - verify_s - bridge_s
+    return {
+        "draft_s": draft_s,
+        "verify_s": verify_s,
+        "bridge_s": bridge_s,
+        "other_s": other_s,
+        "step_s": t5 - t0,
+    }
+
+
+def _start(verifier: Verifier, drafter: Drafter | None, keep: int) -> tuple[MemoryProbe, MemoryProbe | None]:
+    """The verifier set to hand the drafter's layers, both emptied unless the first `keep` positions are
+    reused; their memory probes."""
+    verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
+    if keep == 0:
+        verifier.reset()
+        if drafter:
+            drafter.reset()
+    return verifier.memory_probe(), drafter.memory_probe() if drafter else None
+
+
+# the loop is the engine; read top to bottom it shows every phase of a step and where its time goes
 def _decode(
     verifier: Verifier,
     prompt: Sequence[int],
@@ -386,27 +477,11 @@ def _decode(
     keep: int,
     cancel: threading.Event | None,
 ) -> Iterator[StepRecord]:
-    stops = _stops(verifier, cfg)
-    limit = context_limit(verifier, cfg.max_context)
-    clock = time.perf_counter
-    sp = cfg.sampling if cfg.sampling is not None and not cfg.sampling.greedy else None
-    sampler = Sampler(sp, limit) if sp else None
-    proc = _processor(verifier, cfg, prompt)
+    stops, limit, sampler, proc, lp, rule = _setup(verifier, cfg, prompt)
     grammar = proc.constraint if proc is not None else None
-    if grammar is not None:  # a run under a grammar ends with it (its end tokens are the only ones left)
-        stops = stops | grammar.end_tokens
-    lp = Logprobs(cfg.logprobs) if cfg.logprobs is not None else None
-    rule = sp.rule if sp else "greedy"
-    vprobe, dprobe = verifier.memory_probe(), drafter.memory_probe() if drafter else None
-    verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
-    if keep == 0:
-        verifier.reset()
-        if drafter:
-            drafter.reset()
-
-    def finish(committed: list[int], n_out: int) -> tuple[list[int], str | None]:
-        return _finish(committed, n_out, stops, cfg.max_new_tokens)
-
+    clock = time.perf_counter
+    vprobe, dprobe = _start(verifier, drafter, keep)
+    finish = partial(_finish, stops=stops, max_new=cfg.max_new_tokens)
     record = _prefill(verifier, drafter, prompt, keep, sampler, proc, lp, (vprobe, dprobe), finish, rule)
     if proc is not None:
         proc.commit(record.tokens)
@@ -433,11 +508,9 @@ def _decode(
         if tree is not None:  # after it, the cache holds the accepted path as a chain would
             draft, target, path = _verify_tree(verifier, tree, sampler, proc, lp, pos)
         else:
-            rows = lambda: [draft[:i] for i in range(len(draft) + 1)]  # noqa: E731, B023 (row i's history)
-            check = _picker(sampler, proc, rows, lambda x: sampler.verify(x, draft, q, pos, cut=cut), lp)  # noqa: B023
-            # [k+1]: the verifier's token after each input; with no drafter the next step's input is this
-            # step's output, which an asynchronous runtime can start on before the host sees it
-            target = verifier.verify([token, *draft], sample=check, ahead=drafter is None)
+            target = _verify_chain(
+                verifier, token, draft, q, cut, sampler, proc, lp, pos, ahead=drafter is None
+            )
         vmem = vprobe.read()
         t2 = clock()
         a = common_prefix_len(draft, target)
@@ -452,18 +525,23 @@ def _decode(
             t4 = clock()
             drafter.extend(feats, [token, *draft[: c - 1]])
         t5 = clock()
-        draft_s, verify_s, bridge_s = (t1 - t0) + (t5 - t4), t2 - t1, t4 - t3
         yield StepRecord(
-            index=index, phase="decode", drafted=drafted, accepted=a, acceptance_length=a + 1,
-            tokens=committed, draft_s=draft_s, verify_s=verify_s, bridge_s=bridge_s,
-            other_s=(t5 - t0) - draft_s - verify_s - bridge_s, step_s=t5 - t0,
-            peak_memory={"verifier": vmem, "drafter": dmem}, finish_reason=reason, rule=rule,
+            index=index,
+            phase="decode",
+            drafted=drafted,
+            accepted=a,
+            acceptance_length=a + 1,
+            tokens=committed,
+            **_phase_times(t0, t1, t2, t3, t4, t5),
+            peak_memory={"verifier": vmem, "drafter": dmem},
+            finish_reason=reason,
+            rule=rule,
             residual_resamples=sampler.resampled if rule == "rejection" else None,
             tree_nodes=len(tree) if tree else None,
             tree_ranks=[tree.ranks[i] for i in path[1:]] if tree else None,
             batch_size=verifier.batch_size if isinstance(verifier, BatchedCalls) else None,
             logprobs=lp.take(path[:c] if tree else range(c), committed) if lp is not None else None,
-        )  # fmt: skip
+        )
         n_out += len(committed)
         token = committed[-1]
         if proc is not None:

@@ -168,9 +168,13 @@ class StreamingEngine:
     ) -> StreamingEngine:
         """The engine of what `specdec.api.load` built (`api.Loaded`): its verifier, drafter, blocks, tree."""
         return cls(
-            loaded.verifier, loaded.drafter, block_size=loaded.block_size, max_context=max_context,
-            reuse=reuse, tree=loaded.tree,
-        )  # fmt: skip
+            loaded.verifier,
+            loaded.drafter,
+            block_size=loaded.block_size,
+            max_context=max_context,
+            reuse=reuse,
+            tree=loaded.tree,
+        )
 
     @property
     def cached_tokens(self) -> list[int]:
@@ -289,10 +293,16 @@ class StreamingEngine:
         def finalize(finish: str, stop_string: str | None = None) -> StreamResult:
             text = detok.text if detok else ""
             return StreamResult(
-                text=text, output_tokens=list(out), finish_reason=finish, prompt_tokens=len(ids),
-                reused_tokens=box.get("reused", 0), steps=steps, stop_string=stop_string, ttft_s=ttft,
+                text=text,
+                output_tokens=list(out),
+                finish_reason=finish,
+                prompt_tokens=len(ids),
+                reused_tokens=box.get("reused", 0),
+                steps=steps,
+                stop_string=stop_string,
+                ttft_s=ttft,
                 wall_s=time.perf_counter() - t0,
-            )  # fmt: skip
+            )
 
         try:
             for step in inner:

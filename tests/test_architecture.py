@@ -140,9 +140,10 @@ def test_drafter_kinds_stay_in_their_folders():
     assert not bad, sorted(bad)
 
 
-#: the runtime's folders: functions stay under MAX_LINES lines unless the comment line right above says why,
-#: and under HARD_MAX_LINES whatever it says; modules under MAX_MODULE_LINES
-MAX_LINES, HARD_MAX_LINES, MAX_MODULE_LINES = 80, 100, 600
+#: the runtime's folders, measured as the formatter writes them (CI runs `ruff format --check`): functions
+#: of at most MAX_LINES lines, modules under MAX_MODULE_LINES, and `# fmt: skip` (which would let code be
+#: packed to fit) only where a table reads better, at most MAX_FMT_SKIPS of them
+MAX_LINES, MAX_MODULE_LINES, MAX_FMT_SKIPS = 80, 600, 40
 RUNTIME_FOLDERS = ("specdec", "verifiers", "bridges")
 
 
@@ -162,11 +163,9 @@ def test_runtime_functions_fit_a_screen():
         for node in ast.walk(ast.parse("\n".join(lines))):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
-            top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            why = top >= 2 and lines[top - 2].strip().startswith("# long:")
             n = node.end_lineno - node.lineno + 1
             functions += 1
-            if (n > MAX_LINES and not why) or n > HARD_MAX_LINES:
+            if n > MAX_LINES:
                 long.append(f"{f.relative_to(REPO)}:{node.lineno} {node.name} ({n} lines)")
     assert functions > 500, functions  # the walk saw the package's functions
     assert not long, long
@@ -205,3 +204,14 @@ def test_commit_subjects_fit_72_characters():
     assert subjects, "no commits read"
     long = [line for line in subjects if len(line.split(" ", 1)[1]) > 72]
     assert not long, long
+
+
+def test_fmt_skip_only_for_tables():
+    skips = [
+        f"{f.relative_to(REPO)}:{i}"
+        for f in _runtime_files()
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if "# fmt: skip" in line
+    ]
+    assert skips, "none found: the walk is broken, or the rule can go"
+    assert len(skips) <= MAX_FMT_SKIPS, skips

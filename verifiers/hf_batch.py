@@ -93,9 +93,12 @@ class HFBatch(Rendezvous):
         token = PACK.set(pack if len(group) > 1 else None)
         try:
             out = model(
-                input_ids=torch.tensor([ids], device=dev), position_ids=position_ids, cache=cache,
-                use_cache=True, logits_to_keep=keep_,
-            ).logits[0]  # fmt: skip  # [len(keep), V]
+                input_ids=torch.tensor([ids], device=dev),
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=keep_,
+            ).logits[0]  # [len(keep), V]
         finally:
             PACK.reset(token)
             for h in hooks:

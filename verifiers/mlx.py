@@ -42,14 +42,15 @@ import mlx.nn as nn
 import torch
 from mlx_lm.models.cache import (
     ArraysCache,
-    ConcatenateKVCache,
     KVCache,
     RotatingKVCache,
     make_prompt_cache,
 )
 
 from specdec.bridges.mlx import (
+    MLX_DTYPES,
     dequantized_weight,
+    dtype_name,
     head_module,
     make_embed_fn,
     make_lm_head_fn,
@@ -73,39 +74,17 @@ from specdec.protocols import (
     check_layer_ids,
 )
 from specdec.tree import Tree
-from specdec.verifiers.mlx_cache import Recurrent, Tap, TreeCache, TreeRoPE
+from specdec.verifiers.mlx_cache import (
+    ATTENTION_LAYER_TYPES,
+    EXACT_CACHES,
+    WINDOW_MASK_FROM_ARGS,
+    Recurrent,
+    Tap,
+    TreeCache,
+    TreeRoPE,
+)
 
-__all__ = ["MLXVerifier"]
-
-#: caches whose `trim(n)` only moves a write offset: rejected slots are overwritten by the next update
-_EXACT_CACHES = (KVCache, ConcatenateKVCache)
-
-#: Sliding-window rollback. A RotatingKVCache cannot be trimmed once its window has wrapped
-#: (`is_trimmable()` turns False and mlx_lm's `trim_prompt_cache` silently returns 0, mlx-lm #1423), and
-#: snapshotting it would mean copying every sliding layer's window on every verify (MLX slice-assignment
-#: rebinds the same array object, so a reference is not a snapshot). We give these architectures a plain
-#: KVCache on every layer instead: exact rollback by offset, at the cost of keeping the whole context in
-#: the sliding layers (memory O(context), as the global layers already do). This is only sound where the
-#: model builds the sliding-window mask from the window size rather than from the cache type; read in
-#: mlx_lm 0.32 for these types: both call `create_attention_mask(h, cache[i], window_size=W)`, which for
-#: a KVCache becomes `cache.make_mask(N, window_size=W)` -> `create_causal_mask(N, offset, window_size=W)`
-#: for every N, including single-token steps. Other architectures keep their RotatingKVCache and are
-#: refused by `check_rollback`.
-#: gemma4_text builds one mask per layer type the same way (`_make_masks`); its KV-shared layers have no
-#: cache entry (make_cache returns fewer caches than layers) and attend over their producer layer's
-#: updated KV with that type's mask, so they follow the producer's plain KVCache exactly. gpt_oss (sliding
-#: and full layers alternating, attention sinks) builds its sliding mask the same way, and its sinks are
-#: a per-head logit that does not depend on the cache.
-_WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text", "gemma4_text", "gpt_oss"})
-
-#: `layer_types` entries of attention layers (anything else is recurrent / linear-attention state)
-_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
-
-MLX_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-
-
-def _dtype_name(d: mx.Dtype) -> str:
-    return str(d).rsplit(".", 1)[-1]  # "mlx.core.float32" -> "float32"
+__all__ = ["MLX_DTYPES", "MLXVerifier"]
 
 
 class MLXVerifier:
@@ -135,9 +114,16 @@ class MLXVerifier:
         tokenizer = None
         if any((path / f).exists() for f in tok_files):  # as mlx_lm.load does
             tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-        self._setup(model, config, tokenizer=tokenizer, name=str(path_or_repo), dtype=dtype,
-                    max_context=max_context, prefill_chunk=prefill_chunk,
-                    recast_quantized=recast_quantized)  # fmt: skip
+        self._setup(
+            model,
+            config,
+            tokenizer=tokenizer,
+            name=str(path_or_repo),
+            dtype=dtype,
+            max_context=max_context,
+            prefill_chunk=prefill_chunk,
+            recast_quantized=recast_quantized,
+        )
         self.path: Path | None = path  # the folder it was loaded from (`--drafter mtp` reads it again)
 
     @classmethod
@@ -154,8 +140,15 @@ class MLXVerifier:
     ) -> MLXVerifier:
         """Wrap an already built mlx_lm model (tests, custom loading)."""
         self = cls.__new__(cls)
-        self._setup(model, config, tokenizer=tokenizer, name=name, dtype=dtype, max_context=max_context,
-                    prefill_chunk=prefill_chunk)  # fmt: skip
+        self._setup(
+            model,
+            config,
+            tokenizer=tokenizer,
+            name=name,
+            dtype=dtype,
+            max_context=max_context,
+            prefill_chunk=prefill_chunk,
+        )
         return self
 
     def _setup(
@@ -192,7 +185,7 @@ class MLXVerifier:
         self.num_layers = len(model.layers)
         inner = getattr(tm, "model", None)
         emb = getattr(inner, "embed_tokens", None)
-        self.dtype = _dtype_name(emb(mx.array([0])).dtype) if emb is not None else "?"
+        self.dtype = dtype_name(emb(mx.array([0])).dtype) if emb is not None else "?"
         limit = (
             max_context or text_cfg.get("max_position_embeddings") or config.get("max_position_embeddings")
         )
@@ -250,7 +243,7 @@ class MLXVerifier:
 
     def _make_cache(self) -> list[Any]:
         cache = make_prompt_cache(self.model)
-        if self.model_type in _WINDOW_MASK_FROM_ARGS:  # see _WINDOW_MASK_FROM_ARGS
+        if self.model_type in WINDOW_MASK_FROM_ARGS:  # see WINDOW_MASK_FROM_ARGS
             cache = [KVCache() if type(c) is RotatingKVCache else c for c in cache]
         return cache
 
@@ -263,20 +256,23 @@ class MLXVerifier:
         self._pos, self._feats = 0, None
         self._ahead: tuple[int, mx.array] | None = None  # (token fed ahead, its greedy successor [1])
         # a queued step must be trimmable, which a recurrent layer's state is not
-        self.run_ahead = all(type(c) in _EXACT_CACHES for c in self._cache)
+        self.run_ahead = all(type(c) in EXACT_CACHES for c in self._cache)
         self._commit()  # positions the recurrent layers can undo: those of the calls since the last rollback
 
     def _inexact_caches(self) -> list[str]:
-        return sorted({
-            type(c).__name__ for i, c in enumerate(self._cache)
-            if type(c) not in _EXACT_CACHES and not (type(c) is ArraysCache and i in self._recurrent)
-        })  # fmt: skip
+        return sorted(
+            {
+                type(c).__name__
+                for i, c in enumerate(self._cache)
+                if type(c) not in EXACT_CACHES and not (type(c) is ArraysCache and i in self._recurrent)
+            }
+        )
 
     def check_rollback(self) -> None:
         bad = self._inexact_caches()
         if bad:
             text_cfg = self.config.get("text_config", self.config)
-            types = sorted({str(t) for t in text_cfg.get("layer_types") or ()} - _ATTENTION_LAYER_TYPES)
+            types = sorted({str(t) for t in text_cfg.get("layer_types") or ()} - ATTENTION_LAYER_TYPES)
             layers = f" for its layer types {types} (recurrent / linear-attention state)" if types else ""
             raise RuntimeError(
                 f"{self.model_name} (mlx_lm {self.model_type!r}) uses cache types {bad}{layers}, which "
@@ -560,7 +556,7 @@ class MLXVerifier:
     def shared_kv(self, layer: int, *, last: int | None = None) -> tuple[mx.array, mx.array]:
         """`SharedKV`: layer `layer`'s cached keys and values [1, H_kv, T, D] (slices of its cache)."""
         c = self._cache[layer] if layer < len(self._cache) else None
-        if type(c) not in _EXACT_CACHES or c.keys is None:
+        if type(c) not in EXACT_CACHES or c.keys is None:
             raise ValueError(
                 f"layer {layer} of {self.model_name} holds no keys (KV-shared, or nothing cached)"
             )

@@ -2,7 +2,8 @@
 module: a recurrent mixer's input projections recorded and replayed (`Replay`, `Recurrent`: exact rollback
 of Gated DeltaNet state), a decoder layer that records its output (`Tap`: the features), and a tree
 verify's RoPE and cache (`TreeRoPE`, `TreeCache`: each node at its own position, the tree's mask).
-`specdec.verifiers.mlx` swaps them in for the duration of a call."""
+`specdec.verifiers.mlx` swaps them in for the duration of a call. Also which caches it builds and why
+(`EXACT_CACHES`, `WINDOW_MASK_FROM_ARGS`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,45 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import ConcatenateKVCache, KVCache
 
 from specdec.kernels import TreeAttention
 
-__all__ = ["Recurrent", "Replay", "Tap", "TreeCache", "TreeRoPE", "swapped"]
+__all__ = [
+    "ATTENTION_LAYER_TYPES",
+    "EXACT_CACHES",
+    "WINDOW_MASK_FROM_ARGS",
+    "Recurrent",
+    "Replay",
+    "Tap",
+    "TreeCache",
+    "TreeRoPE",
+    "swapped",
+]
+
+#: caches whose `trim(n)` only moves a write offset: rejected slots are overwritten by the next update
+EXACT_CACHES = (KVCache, ConcatenateKVCache)
+
+#: Sliding-window rollback. A RotatingKVCache cannot be trimmed once its window has wrapped
+#: (`is_trimmable()` turns False and mlx_lm's `trim_prompt_cache` silently returns 0, mlx-lm #1423), and
+#: snapshotting it would mean copying every sliding layer's window on every verify (MLX slice-assignment
+#: rebinds the same array object, so a reference is not a snapshot). We give these architectures a plain
+#: KVCache on every layer instead: exact rollback by offset, at the cost of keeping the whole context in
+#: the sliding layers (memory O(context), as the global layers already do). This is only sound where the
+#: model builds the sliding-window mask from the window size rather than from the cache type; read in
+#: mlx_lm 0.32 for these types: both call `create_attention_mask(h, cache[i], window_size=W)`, which for
+#: a KVCache becomes `cache.make_mask(N, window_size=W)` -> `create_causal_mask(N, offset, window_size=W)`
+#: for every N, including single-token steps. Other architectures keep their RotatingKVCache and are
+#: refused by `check_rollback`.
+#: gemma4_text builds one mask per layer type the same way (`_make_masks`); its KV-shared layers have no
+#: cache entry (make_cache returns fewer caches than layers) and attend over their producer layer's
+#: updated KV with that type's mask, so they follow the producer's plain KVCache exactly. gpt_oss (sliding
+#: and full layers alternating, attention sinks) builds its sliding mask the same way, and its sinks are
+#: a per-head logit that does not depend on the cache.
+WINDOW_MASK_FROM_ARGS = frozenset({"llama", "gemma3_text", "gemma4_text", "gpt_oss"})
+
+#: `layer_types` entries of attention layers (anything else is recurrent / linear-attention state)
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
 
 
 class Replay:

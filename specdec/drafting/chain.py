@@ -65,10 +65,22 @@ class ChainDrafter(ChainRows):
     walks = True  # each draft depends on the one drawn before it
 
     def __init__(
-        self, model: Any, cache: Any, *, name: str, policy: DraftPolicy | None, block_size: int,
-        hidden_size: int, vocab_size: int, draft_vocab_size: int, feature_dim: int,
-        target_layer_ids: tuple[int, ...], device: torch.device, dtype: torch.dtype, capacity: int = 256,
-    ) -> None:  # fmt: skip
+        self,
+        model: Any,
+        cache: Any,
+        *,
+        name: str,
+        policy: DraftPolicy | None,
+        block_size: int,
+        hidden_size: int,
+        vocab_size: int,
+        draft_vocab_size: int,
+        feature_dim: int,
+        target_layer_ids: tuple[int, ...],
+        device: torch.device,
+        dtype: torch.dtype,
+        capacity: int = 256,
+    ) -> None:
         self.model, self.cache = model, cache
         self.name, self.policy = name, policy or DraftPolicy()
         self.block_size = min(block_size, MAX_VERIFY_TOKENS)
@@ -113,8 +125,12 @@ class ChainDrafter(ChainRows):
             self._pending = []
             n, start = feats.shape[0], self._n_fused
             if start + n > self._fused.shape[0]:
-                grow = torch.zeros(max(start + n, 2 * self._fused.shape[0]), self.hidden_size,
-                                   device=self.device, dtype=self.dtype)  # fmt: skip
+                grow = torch.zeros(
+                    max(start + n, 2 * self._fused.shape[0]),
+                    self.hidden_size,
+                    device=self.device,
+                    dtype=self.dtype,
+                )
                 grow[:start] = self._fused[:start]
                 self._fused = grow
             self._fused[start : start + n] = self.model.fuse(feats.to(device=self.device, dtype=self.dtype))

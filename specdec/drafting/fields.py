@@ -43,15 +43,24 @@ def dflash_problems(raw: Mapping[str, Any], *, required: Sequence[str], dflash2:
     def get(k: str) -> Any:
         return dflash.get(k, raw.get(k))
 
-    out = [f"{k} must be a positive integer, got {raw[k]!r}" for k in required
-           if k in raw and not (is_int(raw[k]) and raw[k] >= 1)]  # fmt: skip
+    out = [
+        f"{k} must be a positive integer, got {raw[k]!r}"
+        for k in required
+        if k in raw and not (is_int(raw[k]) and raw[k] >= 1)
+    ]
     positive = ("head_dim", "block_size", "max_position_embeddings", "sliding_window", *dflash2)
     given = [(k, v) for k in positive for v in (dflash.get(k), raw.get(k)) if v is not None]
     out += [f"{k} must be a positive integer, got {v!r}" for k, v in given if not (is_int(v) and v >= 1)]
-    out += [f"{k} must be true or false, got {raw[k]!r}" for k in ("attention_bias", "is_causal")
-            if raw.get(k) is not None and not is_flag(raw[k])]  # fmt: skip
-    out += [f"{k} must be an object, got {raw[k]!r}" for k in ("rope_parameters", "rope_scaling")
-            if raw.get(k) is not None and not isinstance(raw[k], Mapping)]  # fmt: skip
+    out += [
+        f"{k} must be true or false, got {raw[k]!r}"
+        for k in ("attention_bias", "is_causal")
+        if raw.get(k) is not None and not is_flag(raw[k])
+    ]
+    out += [
+        f"{k} must be an object, got {raw[k]!r}"
+        for k in ("rope_parameters", "rope_scaling")
+        if raw.get(k) is not None and not isinstance(raw[k], Mapping)
+    ]
     for k in ("architectures", "layer_types"):
         v = raw.get(k)
         if v is not None and not (isinstance(v, list) and all(isinstance(a, str) for a in v)):
@@ -65,8 +74,11 @@ def dflash_problems(raw: Mapping[str, Any], *, required: Sequence[str], dflash2:
         if v is not None and not (isinstance(v, list) and all(is_int(i) for i in v)):
             out.append(f"{k} must be a list of integers, got {v!r}")
     numbers = ("rms_norm_eps", "rope_theta", "output_multiplier", "input_embedding_scale")
-    out += [f"{k} must be a positive number, got {get(k)!r}" for k in numbers
-            if get(k) is not None and not is_number(get(k))]  # fmt: skip
+    out += [
+        f"{k} must be a positive number, got {get(k)!r}"
+        for k in numbers
+        if get(k) is not None and not is_number(get(k))
+    ]
     cap = get("final_logit_softcapping")
     if cap is not None and not (isinstance(cap, int | float) and not isinstance(cap, bool)):
         out.append(f"final_logit_softcapping must be a number (<= 0: none), got {cap!r}")

@@ -43,16 +43,19 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-reuse", action="store_true", help="prefill every prompt whole (no prefix reuse)")
     p.add_argument(
-        "--max-request-bytes", type=at_least(1024),
+        "--max-request-bytes",
+        type=at_least(1024),
         help="request bodies past this are refused (413) before they are read whole or tokenized "
         f"(default: {BYTES_PER_POSITION} bytes per position of the context, at least 1 MiB)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-batch", type=or_auto(at_least(1, 16)), default="auto",
+        "--max-batch",
+        type=or_auto(at_least(1, 16)),
+        default="auto",
         help="requests served at once, their verifies in one forward (exact or refused; "
         "docs/batching.md); auto (default): as many as raise the rate measured at start, 1 where "
         "a batch cannot be exact",
-    )  # fmt: skip
+    )
     add_template_args(p, tools=True)
     add_sampling_args(p)  # defaults for requests that leave them out; --rule / --proposal apply to all
     p.set_defaults(min_confidence=None)  # `_min_confidence`: as the main job where not given
@@ -109,10 +112,15 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = build_app(
-        engines, model_name=args.served_model_name, max_queue=args.max_queue,
-        default_max_tokens=args.default_max_tokens, sampling=sampling, on_death=on_death,
-        max_request_bytes=args.max_request_bytes, tool_parser=args.tool_call_parser,
-    )  # fmt: skip
+        engines,
+        model_name=args.served_model_name,
+        max_queue=args.max_queue,
+        default_max_tokens=args.default_max_tokens,
+        sampling=sampling,
+        on_death=on_death,
+        max_request_bytes=args.max_request_bytes,
+        tool_parser=args.tool_call_parser,
+    )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     name = args.served_model_name or verifier.model_name
     host, port = sock.getsockname()[:2]

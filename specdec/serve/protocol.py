@@ -118,9 +118,14 @@ def response_body(
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(r)}
         obj, prefix = "text_completion", "cmpl-"
     return {
-        "id": prefix + uuid.uuid4().hex, "object": obj, "created": int(time.time()), "model": model,
-        "choices": [choice], "usage": usage(r), "specdec": stats,
-    }  # fmt: skip
+        "id": prefix + uuid.uuid4().hex,
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(r),
+        "specdec": stats,
+    }
 
 
 @dataclass
@@ -144,9 +149,16 @@ class Params:
 
 
 def _number(
-    body: dict, name: str, default: float, *, lo: float, hi: float, integer: bool = False,
-    open_lo: bool = False, open_hi: bool = False,
-) -> Any:  # fmt: skip
+    body: dict,
+    name: str,
+    default: float,
+    *,
+    lo: float,
+    hi: float,
+    integer: bool = False,
+    open_lo: bool = False,
+    open_hi: bool = False,
+) -> Any:
     """`body[name]` checked to lie in [lo, hi] (`open_lo` / `open_hi`: the bound excluded), else
     `default`; a RequestError naming the field otherwise."""
     v = body.get(name)

@@ -44,9 +44,11 @@ def add_train_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--target-layer-ids", type=_ints, help="verifier layers the drafter reads, e.g. 1,9,17")
     t.add_argument("--mask-token-id", type=at_least(0))
     t.add_argument(
-        "--draft-vocab", type=at_least(1), dest="draft_vocab_size",
+        "--draft-vocab",
+        type=at_least(1),
+        dest="draft_vocab_size",
         help="read out only the K ids the verifier writes most in the data (faster to train and run)",
-    )  # fmt: skip
+    )
     t.add_argument("--lr", type=finite(0), default=d.lr)
     t.add_argument("--steps", type=at_least(1))
     t.add_argument("--epochs", type=finite(0), default=d.epochs)
@@ -56,19 +58,24 @@ def add_train_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--max-anchors", type=at_least(1), default=d.max_anchors)
     t.add_argument("--attn-chunk", type=at_least(1))
     t.add_argument(
-        "--recompute", action=argparse.BooleanOptionalAction,
+        "--recompute",
+        action=argparse.BooleanOptionalAction,
         help="recompute anchor chunks in the backward to save memory (default: on CUDA only)",
-    )  # fmt: skip
+    )
     t.add_argument("--gamma", type=finite(0))
     t.add_argument("--kl-weight", type=finite(0), default=d.kl_weight)
     t.add_argument(
-        "--repeat-weight", type=finite(0), default=d.repeat_weight,
+        "--repeat-weight",
+        type=finite(0),
+        default=d.repeat_weight,
         help="loss weight of positions whose token repeats earlier text (what lookup would draft); 1: none",
-    )  # fmt: skip
+    )
     t.add_argument(
-        "--repeat-anchors", type=finite(0), default=d.repeat_anchors,
+        "--repeat-anchors",
+        type=finite(0),
+        default=d.repeat_anchors,
         help="anchors whose next token repeats earlier text are drawn this many times as likely; 1: uniform",
-    )  # fmt: skip
+    )
     t.add_argument("--seed", type=at_least(0), default=d.seed)
     t.add_argument(
         "--init-from",
@@ -76,10 +83,11 @@ def add_train_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "layers grows: new layers after its own start as the identity",
     )
     t.add_argument(
-        "--init-layers", type=_ints,
+        "--init-layers",
+        type=_ints,
         help="or start the drafter's layers as copies of these verifier layers, one per drafter layer, e.g. "
         "28,29 (a drafter of the verifier's hidden size and layer shape; HF verifier)",
-    )  # fmt: skip
+    )
     t.add_argument("--device")
     t.add_argument("--save-every", type=at_least(1))
     t.add_argument("--eval-every", type=at_least(1))
@@ -93,17 +101,39 @@ def cmd_train(args: argparse.Namespace) -> int:
     from specdec.api import load_verifier
 
     cfg = TrainConfig(
-        num_layers=args.num_layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        head_dim=args.head_dim, intermediate_size=args.intermediate_size, block_size=args.block_size,
-        target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, lr=args.lr,
-        draft_vocab_size=args.draft_vocab_size, stages=args.stages, max_sequences=args.max_sequences,
-        steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, max_anchors=args.max_anchors,
-        attn_chunk=args.attn_chunk, recompute=args.recompute, gamma=args.gamma, kl_weight=args.kl_weight,
-        repeat_weight=args.repeat_weight, repeat_anchors=args.repeat_anchors,
-        seed=args.seed, init_from=args.init_from, init_layers=args.init_layers, device=args.device,
-        out_dir=args.out, save_every=args.save_every, eval_every=args.eval_every, holdout=args.holdout,
-        resume=not args.no_resume, progress=not args.no_progress,
-    )  # fmt: skip
+        num_layers=args.num_layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        intermediate_size=args.intermediate_size,
+        block_size=args.block_size,
+        target_layer_ids=args.target_layer_ids,
+        mask_token_id=args.mask_token_id,
+        lr=args.lr,
+        draft_vocab_size=args.draft_vocab_size,
+        stages=args.stages,
+        max_sequences=args.max_sequences,
+        steps=args.steps,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        max_anchors=args.max_anchors,
+        attn_chunk=args.attn_chunk,
+        recompute=args.recompute,
+        gamma=args.gamma,
+        kl_weight=args.kl_weight,
+        repeat_weight=args.repeat_weight,
+        repeat_anchors=args.repeat_anchors,
+        seed=args.seed,
+        init_from=args.init_from,
+        init_layers=args.init_layers,
+        device=args.device,
+        out_dir=args.out,
+        save_every=args.save_every,
+        eval_every=args.eval_every,
+        holdout=args.holdout,
+        resume=not args.no_resume,
+        progress=not args.no_progress,
+    )
     cfg.validate()
     ctx = dist_setup(args.device)  # under torchrun: one process group for building and training
     try:
@@ -115,9 +145,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                 from specdec.train.corpus import build_from_prompts
 
                 build_from_prompts(
-                    args.data, verifier, args.prompts, budget=args.max_new_tokens, max_len=args.max_len,
+                    args.data,
+                    verifier,
+                    args.prompts,
+                    budget=args.max_new_tokens,
+                    max_len=args.max_len,
                     progress=not args.no_progress,
-                )  # fmt: skip
+                )
             ctx.barrier()
         if args.build_only:
             return 0

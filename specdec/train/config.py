@@ -94,8 +94,11 @@ class TrainConfig:
             if v is not None and v < 1:
                 p.append(f"{name} must be >= 1 or None, got {v}")
         checks = [
-            (2 <= self.block_size <= MAX_VERIFY_TOKENS, f"block_size must be 2..{MAX_VERIFY_TOKENS} (a block "
-             f"of 1 drafts nothing, one verify holds at most {MAX_VERIFY_TOKENS}), got {self.block_size}"),
+            (
+                2 <= self.block_size <= MAX_VERIFY_TOKENS,
+                f"block_size must be 2..{MAX_VERIFY_TOKENS} (a block "
+                f"of 1 drafts nothing, one verify holds at most {MAX_VERIFY_TOKENS}), got {self.block_size}",
+            ),
             (bool(str(self.out_dir).strip()), "out_dir is empty; give a folder for the checkpoints"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.repeat_weight > 0, f"repeat_weight must be > 0, got {self.repeat_weight}"),
@@ -105,13 +108,15 @@ class TrainConfig:
             (self.gamma is None or self.gamma > 0, f"gamma must be > 0, got {self.gamma}"),
             (self.kl_weight >= 0, f"kl_weight must be >= 0, got {self.kl_weight}"),
             (self.kl_topk >= 1, f"kl_topk must be >= 1, got {self.kl_topk}"),
-            (self.draft_vocab_size is None or self.kl_weight == 0,
-             "kl_weight > 0 with a draft_vocab_size is not supported (soft labels span all V)"),
+            (
+                self.draft_vocab_size is None or self.kl_weight == 0,
+                "kl_weight > 0 with a draft_vocab_size is not supported (soft labels span all V)",
+            ),
             (0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"),
             (0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
             (self.grad_clip > 0, f"grad_clip must be > 0, got {self.grad_clip}"),
             (self.holdout >= 0, f"holdout must be >= 0, got {self.holdout}"),
-        ]  # fmt: skip
+        ]
         p += [msg for ok, msg in checks if not ok]
         if p:
             raise ValueError("invalid TrainConfig: " + "; ".join(p))
@@ -138,8 +143,16 @@ def drafter_config(cfg: TrainConfig, verifier: dict[str, Any]) -> DFlashConfig:
     if cfg.draft_vocab_size is not None and cfg.draft_vocab_size >= V:
         raise ValueError(f"draft_vocab_size {cfg.draft_vocab_size} must be below the vocabulary size {V}")
     return DFlashConfig(
-        hidden_size=H, num_hidden_layers=cfg.num_layers, num_attention_heads=heads, num_key_value_heads=kv,
-        head_dim=cfg.head_dim or H // heads, intermediate_size=cfg.intermediate_size or 3 * H,
-        vocab_size=V, num_target_layers=L, mask_token_id=mask, block_size=cfg.block_size,
-        target_layer_ids=ids, rope_theta=cfg.rope_theta,
-    )  # fmt: skip
+        hidden_size=H,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=cfg.head_dim or H // heads,
+        intermediate_size=cfg.intermediate_size or 3 * H,
+        vocab_size=V,
+        num_target_layers=L,
+        mask_token_id=mask,
+        block_size=cfg.block_size,
+        target_layer_ids=ids,
+        rope_theta=cfg.rope_theta,
+    )

@@ -85,8 +85,9 @@ def build_stage(
     from tqdm import tqdm
 
     done0 = sum(map(len, results.values()))
-    bar = tqdm(total=sum(want.values()), initial=done0, desc=stage, unit="seq", disable=not progress,
-               file=sys.stderr)  # fmt: skip
+    bar = tqdm(
+        total=sum(want.values()), initial=done0, desc=stage, unit="seq", disable=not progress, file=sys.stderr
+    )
     written, n_tok, t0, saved_at = 0, 0, time.perf_counter(), time.monotonic()
 
     def flush() -> int:
@@ -194,8 +195,14 @@ def build_from_prompts(
     """A corpus with one stage, "prompts": the verifier's answers to a prompt file (`load_prompts`)."""
     c = Corpus.create(corpus_dir, verifier, max_len=max_len)
     c.start_stage("prompts", lambda: load_prompts(prompts), budget=budget, chunk_size=chunk_size)
-    build_stage(c, verifier, "prompts", encode=functools.partial(encode_prompt, verifier), rows=rows,
-                progress=progress)  # fmt: skip
+    build_stage(
+        c,
+        verifier,
+        "prompts",
+        encode=functools.partial(encode_prompt, verifier),
+        rows=rows,
+        progress=progress,
+    )
     return c
 
 
@@ -270,8 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     # `kill` (SIGTERM) unwinds like Ctrl-C, so the answers of unfinished chunks are saved on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    c = build_default(args.out, load_verifier("hf", args.model), max_len=args.max_len, rows=args.rows,
-                      max_chunks=args.max_chunks)  # fmt: skip
+    c = build_default(
+        args.out,
+        load_verifier("hf", args.model),
+        max_len=args.max_len,
+        rows=args.rows,
+        max_chunks=args.max_chunks,
+    )
     print(json.dumps(c.stats(), indent=1))
     return 0
 

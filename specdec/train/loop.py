@@ -76,9 +76,10 @@ def acceptance_length(
     results = [generate(verifier, list(p), drafter=drafter, cfg=cfg) for p in prompts]
     s = summarize(results, block_size=drafter.block_size)
     return {
-        "acceptance_length": s["acceptance_length_mean"], "n_steps": s["n_steps"],
+        "acceptance_length": s["acceptance_length_mean"],
+        "n_steps": s["n_steps"],
         "per_position_acceptance": s["per_position_acceptance"],
-    }  # fmt: skip
+    }
 
 
 # ---- distributed -----------------------------------------------------------------------------------------
@@ -88,18 +89,30 @@ class _Loss(nn.Module):
     """`block_loss` as a module forward, so torch's DDP can wrap it (its hooks need a forward call)."""
 
     def __init__(
-        self, model: nn.Module, embed_fn: EmbedFn, head_fn: LMHeadFn, gamma: float, cfg: TrainConfig,
+        self,
+        model: nn.Module,
+        embed_fn: EmbedFn,
+        head_fn: LMHeadFn,
+        gamma: float,
+        cfg: TrainConfig,
         recompute: bool,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.model, self.embed_fn, self.head_fn, self.gamma, self.cfg = model, embed_fn, head_fn, gamma, cfg
         self.recompute = recompute
 
     def forward(self, batch: Any, kl_weight: float) -> dict[str, torch.Tensor]:
         return block_loss(
-            self.model, batch, self.embed_fn, self.head_fn, gamma=self.gamma, attn_chunk=self.cfg.attn_chunk,
-            kl_weight=kl_weight, checkpoint=self.recompute, repeat_weight=self.cfg.repeat_weight,
-        )  # fmt: skip
+            self.model,
+            batch,
+            self.embed_fn,
+            self.head_fn,
+            gamma=self.gamma,
+            attn_chunk=self.cfg.attn_chunk,
+            kl_weight=kl_weight,
+            checkpoint=self.recompute,
+            repeat_weight=self.cfg.repeat_weight,
+        )
 
 
 # ---- training ------------------------------------------------------------------------------------------
@@ -190,9 +203,11 @@ def layers_from_verifier(
 
 def _check_verifier(verifier: Verifier, stored: dict[str, Any]) -> None:
     mine = {
-        "model": verifier.model_name, "vocab_size": verifier.vocab_size,
-        "hidden_size": verifier.hidden_size, "num_layers": verifier.num_layers,
-    }  # fmt: skip
+        "model": verifier.model_name,
+        "vocab_size": verifier.vocab_size,
+        "hidden_size": verifier.hidden_size,
+        "num_layers": verifier.num_layers,
+    }
     diff = {k: (stored.get(k), x) for k, x in mine.items() if stored.get(k) != x}
     if diff:
         raise ValueError(f"the verifier is not the one the corpus was built with: {diff} (corpus, given)")
@@ -414,11 +429,14 @@ class _Run:
         tmp = staging_dir(self.out, path.name)
         save_checkpoint(tmp, self.dcfg, {k: v.detach().float() for k, v in self.model.state_dict().items()})
         state = {
-            "step": step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            "n_train": len(self.train_idx), "total": self.total,
+            "step": step,
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "n_train": len(self.train_idx),
+            "total": self.total,
             "train_config": {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)},
             "corpus": str(self.data.path),
-        }  # fmt: skip
+        }
         torch.save(state, tmp / STATE_NAME)
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
@@ -464,8 +482,11 @@ class _Run:
                     now = time.perf_counter()
                     rec = _log_record(done, st, denom, win, lr, gnorm, now - t_last)
                     t_last, win = now, torch.zeros(6, dtype=torch.float64)
-                    bar.set_postfix(loss=f"{rec['loss_mean']:.3f}", acc=f"{rec['acc_mean']:.3f}",
-                                    tok_s=f"{rec['tokens_per_s']:.0f}")  # fmt: skip
+                    bar.set_postfix(
+                        loss=f"{rec['loss_mean']:.3f}",
+                        acc=f"{rec['acc_mean']:.3f}",
+                        tok_s=f"{rec['tokens_per_s']:.0f}",
+                    )
                     write(rec)
                 bar.update()
                 if self.held and ((cfg.eval_every and done % cfg.eval_every == 0) or done == self.total):
@@ -485,8 +506,14 @@ def _log_record(
     """A train_log.jsonl row: this step's figures and the means since the last row (steps are noisy);
     tokens_per_s counts supervised block positions over the wall time since the last row."""
     return {
-        "step": done, "loss": float(st[0] / denom), "acc": float(st[1] / st[2].clamp(min=1)),
-        "tf_tau": float(st[3] / st[4].clamp(min=1)), "lr": lr, "grad_norm": gnorm,
-        "loss_mean": float(win[0] / win[5]), "acc_mean": float(win[1] / win[2].clamp(min=1)),
-        "tf_tau_mean": float(win[3] / win[4].clamp(min=1)), "tokens_per_s": float(win[2]) / max(dt, 1e-9),
-    }  # fmt: skip
+        "step": done,
+        "loss": float(st[0] / denom),
+        "acc": float(st[1] / st[2].clamp(min=1)),
+        "tf_tau": float(st[3] / st[4].clamp(min=1)),
+        "lr": lr,
+        "grad_norm": gnorm,
+        "loss_mean": float(win[0] / win[5]),
+        "acc_mean": float(win[1] / win[2].clamp(min=1)),
+        "tf_tau_mean": float(win[3] / win[4].clamp(min=1)),
+        "tokens_per_s": float(win[2]) / max(dt, 1e-9),
+    }

@@ -51,6 +51,16 @@ def _head_rows(lm_head_fn: LMHeadFn, h: torch.Tensor) -> torch.Tensor:
     return lm_head_fn(h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1)
 
 
+def _draft_columns(rows: torch.Tensor | None, vocab_size: int, dev: torch.device) -> torch.Tensor | None:
+    """[V] the logit column of each vocabulary id where the head reads out a draft vocabulary `rows` [K]
+    only (`lm_head_fn` gives those ids' logits), -1 outside it; None for the whole vocabulary."""
+    if rows is None:
+        return None
+    col_of = torch.full((vocab_size,), -1, dtype=torch.long, device=dev)
+    col_of[rows] = torch.arange(len(rows), device=dev)
+    return col_of
+
+
 def block_loss(
     model: Any,
     batch: Batch,
@@ -72,11 +82,7 @@ def block_loss(
     T, A = batch.ids.shape[1], batch.anchors.shape[1]
     posw = position_weights(bs, gamma, dev)  # [bs-1]
     offs = torch.arange(1, bs, device=dev)  # [bs-1]
-    rows = getattr(model, "draft_vocab", None)  # [K]: `lm_head_fn` reads out these ids only
-    col_of = None
-    if rows is not None:  # [V] logit column of each vocabulary id, -1 outside the draft vocabulary
-        col_of = torch.full((cfg.vocab_size,), -1, dtype=torch.long, device=dev)
-        col_of[rows] = torch.arange(len(rows), device=dev)
+    col_of = _draft_columns(getattr(model, "draft_vocab", None), cfg.vocab_size, dev)  # [V] or None
     mask_col = mask_id if col_of is None else int(col_of[mask_id])
     ctx = model.project(batch.features.to(model.dtype))  # [B, T, H]
     ctx_kv = model.context_kv(ctx, torch.arange(T, device=dev)[None])  # per layer [B, nkv, T, D]
@@ -126,9 +132,13 @@ def block_loss(
             loss, st = run(*args)
         loss_sum, stats = loss_sum + loss, stats + st
     return {
-        "loss_sum": loss_sum, "weight_sum": batch.valid.float().sum() * posw.sum(), "correct": stats[0],
-        "count": stats[1], "accept_sum": stats[2], "n_anchors": stats[3],
-    }  # fmt: skip
+        "loss_sum": loss_sum,
+        "weight_sum": batch.valid.float().sum() * posw.sum(),
+        "correct": stats[0],
+        "count": stats[1],
+        "accept_sum": stats[2],
+        "n_anchors": stats[3],
+    }
 
 
 def _kl(batch: Batch, tpos: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:

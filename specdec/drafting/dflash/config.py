@@ -46,9 +46,14 @@ _OWNED = {
     "dtype", "torch_dtype",  # describes the stored weights: written from them on save
 }  # fmt: skip
 _REQUIRED = (
-    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-    "vocab_size", "num_target_layers",
-)  # fmt: skip
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "num_target_layers",
+)
 
 
 def _dflash2_config(raw: dict[str, Any], dflash: dict[str, Any]) -> DFlash2Config:
@@ -362,26 +367,30 @@ def public_param_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for i in range(cfg.num_hidden_layers):
         p = f"layers.{i}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (nq, H),
-            p + "self_attn.k_proj.weight": (nkv, H),
-            p + "self_attn.v_proj.weight": (nkv, H),
-            p + "self_attn.o_proj.weight": (H, nq),
-            p + "self_attn.q_norm.weight": (D,),
-            p + "self_attn.k_norm.weight": (D,),
-            p + "mlp.gate_proj.weight": (I, H),
-            p + "mlp.up_proj.weight": (I, H),
-            p + "mlp.down_proj.weight": (H, I),
-            p + "input_layernorm.weight": (H,),
-            p + "post_attention_layernorm.weight": (H,),
-        })  # fmt: skip
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (nq, H),
+                p + "self_attn.k_proj.weight": (nkv, H),
+                p + "self_attn.v_proj.weight": (nkv, H),
+                p + "self_attn.o_proj.weight": (H, nq),
+                p + "self_attn.q_norm.weight": (D,),
+                p + "self_attn.k_norm.weight": (D,),
+                p + "mlp.gate_proj.weight": (I, H),
+                p + "mlp.up_proj.weight": (I, H),
+                p + "mlp.down_proj.weight": (H, I),
+                p + "input_layernorm.weight": (H,),
+                p + "post_attention_layernorm.weight": (H,),
+            }
+        )
         if cfg.attention_bias:
-            shapes.update({
-                p + "self_attn.q_proj.bias": (nq,),
-                p + "self_attn.k_proj.bias": (nkv,),
-                p + "self_attn.v_proj.bias": (nkv,),
-                p + "self_attn.o_proj.bias": (H,),
-            })  # fmt: skip
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (nq,),
+                    p + "self_attn.k_proj.bias": (nkv,),
+                    p + "self_attn.v_proj.bias": (nkv,),
+                    p + "self_attn.o_proj.bias": (H,),
+                }
+            )
     shapes.update({"fc.weight": (H, cfg.feature_dim), "hidden_norm.weight": (H,), "norm.weight": (H,)})
     if cfg.own_lm_head:
         shapes["lm_head.weight"] = (len(cfg.draft_vocab or ()) or cfg.vocab_size, H)
@@ -395,11 +404,13 @@ def public_param_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
                 shapes[f"layers.{i}.{conv}.base_kernel"] = (2, taps, H)
                 shapes[f"layers.{i}.{conv}.kernel_projection.weight"] = (dyn, H)
         R, V = d2.selector_rank, cfg.vocab_size
-        shapes.update({
-            "candidate_selector.hidden_projection.weight": (R, H),
-            "candidate_selector.predecessor_codebook": (V, R),
-            "candidate_selector.successor_codebook": (V, R),
-        })  # fmt: skip
+        shapes.update(
+            {
+                "candidate_selector.hidden_projection.weight": (R, H),
+                "candidate_selector.predecessor_codebook": (V, R),
+                "candidate_selector.successor_codebook": (V, R),
+            }
+        )
     return shapes
 
 

@@ -109,11 +109,12 @@ def read_dspark(folder: str | Path, raw: Mapping[str, Any]) -> Any:
     except Exception as e:  # safetensors' errors of a truncated or foreign file
         raise ValueError(f"cannot read {str(file)!r} (truncated or not safetensors): {e}") from None
     params = DSparkParams(
-        markov_rank=rank, confidence_head=bool(dflash.get("enable_confidence_head", False)),
+        markov_rank=rank,
+        confidence_head=bool(dflash.get("enable_confidence_head", False)),
         confidence_with_markov=bool(dflash.get("confidence_head_with_markov", True)),
         sample_from_anchor=bool(dflash.get("sample_from_anchor", True)),
         own_embeddings="embed_tokens.weight" in shapes,
-    )  # fmt: skip
+    )
     try:
         cfg = replace(DFlashConfig.from_dict(public), dspark=params, dialect="public" if known else "dspark")
     except ValueError as e:

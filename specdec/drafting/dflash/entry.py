@@ -57,9 +57,11 @@ DFLASH_KIND = DrafterKind(
     fits=lambda cfg, target, name, _folder: check_target(cfg, target, name=name),
     load=_load,
     describe=lambda cfg: {
-        "architecture": cfg.architecture, "reads target layers": list(cfg.target_layer_ids),
+        "architecture": cfg.architecture,
+        "reads target layers": list(cfg.target_layer_ids),
         "target": f"{cfg.num_target_layers} layers, hidden {cfg.hidden_size}, vocabulary {cfg.vocab_size}",
-        "block size": cfg.block_size, "draft layers": cfg.num_hidden_layers,
+        "block size": cfg.block_size,
+        "draft layers": cfg.num_hidden_layers,
         **({"dspark": cfg.dspark} if cfg.dspark is not None else {}),
     },
-)  # fmt: skip
+)

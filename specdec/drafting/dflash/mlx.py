@@ -27,7 +27,7 @@ import mlx.nn as nn
 import numpy as np
 import torch
 
-from specdec.bridges.mlx import embed_scale, materialize, text_model
+from specdec.bridges.mlx import MLX_DTYPES, embed_scale, materialize, text_model
 from specdec.drafting.dflash.config import (
     SLIDING,
     WEIGHTS_NAME,
@@ -44,7 +44,6 @@ from specdec.drafting.rope import rope_frequencies
 from specdec.memory import mlx_probe
 from specdec.protocols import MemoryProbe
 from specdec.tree import TREE_TOPK, Tree, TreeBudget, best_first_of
-from specdec.verifiers.mlx import MLX_DTYPES
 
 __all__ = ["MLXDFlashDrafter", "MLXDFlashModel"]
 

@@ -116,12 +116,15 @@ class ModelDrafter:
         return {
             "path": self.path,
             "draft_model": {
-                "model": self.draft.model_name, "runtime": self.draft.runtime, "dtype": self.draft.dtype,
-                "vocab_size": self.draft.vocab_size, "restarts": self.restarts,
+                "model": self.draft.model_name,
+                "runtime": self.draft.runtime,
+                "dtype": self.draft.dtype,
+                "vocab_size": self.draft.vocab_size,
+                "restarts": self.restarts,
                 "parallel_mask_token_id": self.mask_token_id,
             },
             **self.policy.describe(),
-        }  # fmt: skip
+        }
 
     @property
     def context_len(self) -> int:
@@ -129,9 +132,11 @@ class ModelDrafter:
 
     def bind(self, verifier: Verifier) -> None:
         why = tokenizer_mismatch(
-            self.draft.tokenizer, verifier.tokenizer, draft_name=self.draft.model_name,
+            self.draft.tokenizer,
+            verifier.tokenizer,
+            draft_name=self.draft.model_name,
             target_name=verifier.model_name,
-        )  # fmt: skip
+        )
         if why is None and self.draft.tokenizer is None and self.draft.vocab_size != verifier.vocab_size:
             why = f"vocabulary sizes differ ({self.draft.vocab_size} vs {verifier.vocab_size})"
         if why:
@@ -330,9 +335,11 @@ def check_draft_model_fits(name: str, target: Any, *, folder: Path | None) -> No
         from specdec.verifiers.hf import HFVerifier
 
         why = tokenizer_mismatch(
-            HFVerifier.load_tokenizer(mine), HFVerifier.load_tokenizer(folder), draft_name=mine.name,
+            HFVerifier.load_tokenizer(mine),
+            HFVerifier.load_tokenizer(folder),
+            draft_name=mine.name,
             target_name=target.model_name,
-        )  # fmt: skip
+        )
         if why:
             raise ValueError(f"drafter {label!r}: {why}")
 

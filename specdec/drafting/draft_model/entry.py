@@ -17,12 +17,18 @@ from specdec.drafting.kind import DrafterKind
 __all__ = ["MODEL_KIND"]
 
 
-def _load(plan: Any, *, verifier: Any, runtime: str, device: str, dtype: Any, policy: Any,
-          block_size: int | None) -> Any:  # fmt: skip
+def _load(
+    plan: Any, *, verifier: Any, runtime: str, device: str, dtype: Any, policy: Any, block_size: int | None
+) -> Any:
     return load_draft_model(
-        plan.spec.base.source, verifier=verifier, runtime=runtime, device=device, policy=policy,
-        dtype=str(dtype).removeprefix("torch."), block_size=block_size or MODEL_BLOCK_SIZE,
-    )  # fmt: skip
+        plan.spec.base.source,
+        verifier=verifier,
+        runtime=runtime,
+        device=device,
+        policy=policy,
+        dtype=str(dtype).removeprefix("torch."),
+        block_size=block_size or MODEL_BLOCK_SIZE,
+    )
 
 
 def _check(source: str) -> str:

@@ -201,21 +201,32 @@ def parse_config(raw: Mapping[str, Any], *, dialect: str, weights_file: str, whe
         raise ValueError(f"{where}: {e}") from None
     k, target = _speculators(raw, where)
     cfg = Eagle3Config(
-        dialect=dialect, hidden_size=H, intermediate_size=_int(layer, "intermediate_size", where),
-        num_layers=_int(layer, "num_hidden_layers", where, 1), num_attention_heads=heads,
+        dialect=dialect,
+        hidden_size=H,
+        intermediate_size=_int(layer, "intermediate_size", where),
+        num_layers=_int(layer, "num_hidden_layers", where, 1),
+        num_attention_heads=heads,
         num_key_value_heads=_int(layer, "num_key_value_heads", where, heads),
         head_dim=_int(layer, "head_dim", where, H // heads) if layer.get("head_dim") else H // heads,
-        rms_norm_eps=_float(layer, "rms_norm_eps", where, 1e-6), rope_theta=theta,
-        rope_scaling=scaling, attention_bias=_flag(layer, "attention_bias", where),
-        qk_norm=mtype == "qwen3", vocab_size=_int(layer, "vocab_size", where),
+        rms_norm_eps=_float(layer, "rms_norm_eps", where, 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        attention_bias=_flag(layer, "attention_bias", where),
+        qk_norm=mtype == "qwen3",
+        vocab_size=_int(layer, "vocab_size", where),
         draft_vocab_size=_int(raw, "draft_vocab_size", where, layer.get("vocab_size")),
         target_hidden_size=_int(raw, "target_hidden_size", where, H) if raw.get("target_hidden_size") else H,
-        aux_layer_ids=_aux_ids(raw, where), norm_before_residual=_flag(raw, "norm_before_residual", where),
-        norm_before_fc=_flag(raw, "norm_before_fc", where), fc_norm=_flag(raw, "fc_norm", where),
-        norm_output=_flag(raw, "norm_output", where), block_size=(k + 1) if k else EAGLE3_BLOCK_SIZE,
-        target_model=target, weights_file=weights_file,
-        sliding_window=_int(layer, "sliding_window", where) if sliding else None, sliding_layers=sliding,
-    )  # fmt: skip
+        aux_layer_ids=_aux_ids(raw, where),
+        norm_before_residual=_flag(raw, "norm_before_residual", where),
+        norm_before_fc=_flag(raw, "norm_before_fc", where),
+        fc_norm=_flag(raw, "fc_norm", where),
+        norm_output=_flag(raw, "norm_output", where),
+        block_size=(k + 1) if k else EAGLE3_BLOCK_SIZE,
+        target_model=target,
+        weights_file=weights_file,
+        sliding_window=_int(layer, "sliding_window", where) if sliding else None,
+        sliding_layers=sliding,
+    )
     if raw.get("speculators_model_type") == "peagle":
         mask = raw.get("mask_token_id")
         if not isinstance(mask, int) or isinstance(mask, bool) or not 0 <= mask < cfg.vocab_size:

@@ -19,14 +19,13 @@ import mlx.nn as nn
 import numpy as np
 import torch
 
-from specdec.bridges.mlx import embed_scale, materialize, text_model
+from specdec.bridges.mlx import MLX_DTYPES, embed_scale, materialize, text_model
 from specdec.drafting.chain_mlx import MLXChainProposals
 from specdec.drafting.eagle3.config import Eagle3Config, check_eagle3, draft_vocab, load_eagle3_weights
 from specdec.drafting.policy import DraftPolicy
 from specdec.drafting.rope import rope_frequencies
 from specdec.kernels import MAX_VERIFY_TOKENS
 from specdec.tree import Tree, TreeBudget, best_first
-from specdec.verifiers.mlx import MLX_DTYPES
 
 __all__ = ["MLXEagle3Drafter", "MLXEagle3Model", "MLXPEagleDrafter"]
 
@@ -180,9 +179,13 @@ class MLXEagle3Drafter(MLXChainProposals):
     """The `Drafter` protocol over `MLXEagle3Model` for an `MLXVerifier`, as `eagle3.Eagle3Drafter`."""
 
     def __init__(
-        self, model: MLXEagle3Model, *, name: str = "eagle3-mlx", policy: DraftPolicy | None = None,
+        self,
+        model: MLXEagle3Model,
+        *,
+        name: str = "eagle3-mlx",
+        policy: DraftPolicy | None = None,
         block_size: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         cfg = model.cfg
         self.model, self.cfg, self.name, self.policy = model, cfg, name, policy or DraftPolicy()
         self.block_size = min(block_size or cfg.block_size, MAX_VERIFY_TOKENS)
@@ -201,9 +204,14 @@ class MLXEagle3Drafter(MLXChainProposals):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, cfg: Eagle3Config, *, dtype: str = "float32",
-        policy: DraftPolicy | None = None, block_size: int | None = None,
-    ) -> MLXEagle3Drafter:  # fmt: skip
+        cls,
+        path: str | Path,
+        cfg: Eagle3Config,
+        *,
+        dtype: str = "float32",
+        policy: DraftPolicy | None = None,
+        block_size: int | None = None,
+    ) -> MLXEagle3Drafter:
         """Load a checkpoint folder read by `eagle3.config.read_eagle3` (config `cfg`)."""
         if dtype not in MLX_DTYPES:
             raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(MLX_DTYPES)}")
@@ -222,9 +230,15 @@ class MLXEagle3Drafter(MLXChainProposals):
     def describe(self) -> dict[str, Any]:
         """For the result JSON, as the torch drafter's."""
         cfg = self.cfg
-        return {"path": self.path, "architecture": "eagle3", "dialect": cfg.dialect,
-                "aux_layer_ids": list(cfg.aux_layer_ids or ()), "draft_vocab_size": cfg.draft_vocab_size,
-                "own_embeddings": cfg.has_embed, **self.policy.describe()}  # fmt: skip
+        return {
+            "path": self.path,
+            "architecture": "eagle3",
+            "dialect": cfg.dialect,
+            "aux_layer_ids": list(cfg.aux_layer_ids or ()),
+            "draft_vocab_size": cfg.draft_vocab_size,
+            "own_embeddings": cfg.has_embed,
+            **self.policy.describe(),
+        }
 
     # ---- binding and the context --------------------------------------------------------------------------
 

@@ -185,9 +185,14 @@ class Eagle3Drafter(ChainDrafter):
     policy, sampled walks with q at T > 0, trees from the greedy chain's distributions."""
 
     def __init__(
-        self, model: Eagle3Model, *, name: str = "eagle3", policy: DraftPolicy | None = None,
-        block_size: int | None = None, capacity: int = 256,
-    ) -> None:  # fmt: skip
+        self,
+        model: Eagle3Model,
+        *,
+        name: str = "eagle3",
+        policy: DraftPolicy | None = None,
+        block_size: int | None = None,
+        capacity: int = 256,
+    ) -> None:
         """`block_size`: drafts per step + 1 (default the checkpoint's); `capacity`: rows the cache holds
         before it first grows."""
         model = model.eval().requires_grad_(False)
@@ -195,26 +200,41 @@ class Eagle3Drafter(ChainDrafter):
         self.cfg = cfg = model.cfg
         device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
         super().__init__(
-            model, Eagle3Cache(cfg, device=device, dtype=dtype, capacity=capacity), name=name, policy=policy,
-            block_size=block_size or cfg.block_size, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-            draft_vocab_size=cfg.draft_vocab_size, feature_dim=cfg.feature_dim,
-            target_layer_ids=cfg.target_layer_ids if cfg.aux_layer_ids else (), device=device, dtype=dtype,
+            model,
+            Eagle3Cache(cfg, device=device, dtype=dtype, capacity=capacity),
+            name=name,
+            policy=policy,
+            block_size=block_size or cfg.block_size,
+            hidden_size=cfg.hidden_size,
+            vocab_size=cfg.vocab_size,
+            draft_vocab_size=cfg.draft_vocab_size,
+            feature_dim=cfg.feature_dim,
+            target_layer_ids=cfg.target_layer_ids if cfg.aux_layer_ids else (),
+            device=device,
+            dtype=dtype,
             capacity=capacity,
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, cfg: Eagle3Config, *, device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32, policy: DraftPolicy | None = None, block_size: int | None = None,
-    ) -> Eagle3Drafter:  # fmt: skip
+        cls,
+        path: str | Path,
+        cfg: Eagle3Config,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        policy: DraftPolicy | None = None,
+        block_size: int | None = None,
+    ) -> Eagle3Drafter:
         """Load a checkpoint folder read by `eagle3.config.read_eagle3` (config `cfg`)."""
         state = load_eagle3_weights(path, cfg)
         d2t = state.pop("d2t", None)
         with torch.device("meta"):
             model = Eagle3Model(cfg)
         model.load_state_dict(state, strict=True, assign=True)  # names / shapes checked when read
-        drafter = cls(model.to(device=device, dtype=dtype), name=Path(path).name, policy=policy,
-                      block_size=block_size)  # fmt: skip
+        drafter = cls(
+            model.to(device=device, dtype=dtype), name=Path(path).name, policy=policy, block_size=block_size
+        )
         if d2t is not None:
             drafter.rows = draft_vocab(cfg, d2t, where=str(path)).to(drafter.device)
         drafter.path = str(path)
@@ -223,9 +243,15 @@ class Eagle3Drafter(ChainDrafter):
     def describe(self) -> dict[str, Any]:
         """For the result JSON: where it was loaded from, its dialect, the aux layers it reads, its cut."""
         cfg = self.cfg
-        return {"path": self.path, "architecture": "eagle3", "dialect": cfg.dialect,
-                "aux_layer_ids": list(cfg.aux_layer_ids or ()), "draft_vocab_size": cfg.draft_vocab_size,
-                "own_embeddings": cfg.has_embed, **self.policy.describe()}  # fmt: skip
+        return {
+            "path": self.path,
+            "architecture": "eagle3",
+            "dialect": cfg.dialect,
+            "aux_layer_ids": list(cfg.aux_layer_ids or ()),
+            "draft_vocab_size": cfg.draft_vocab_size,
+            "own_embeddings": cfg.has_embed,
+            **self.policy.describe(),
+        }
 
     # ---- binding and the context --------------------------------------------------------------------------
 

@@ -148,9 +148,15 @@ def _header(folder: Path, where: str) -> tuple[str, dict[str, tuple[list[int], s
 #: optional ones may be null
 _POSITIVE = ("backbone_hidden_size", "num_centroids", "centroid_intermediate_top_k")
 _TEXT_POSITIVE = (
-    "hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "sliding_window", "intermediate_size",
-)  # fmt: skip
+    "hidden_size",
+    "num_hidden_layers",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "sliding_window",
+    "intermediate_size",
+)
 _TEXT_OPTIONAL = ("global_head_dim", "num_global_key_value_heads")
 
 
@@ -285,11 +291,19 @@ def read_assistant(folder: Path, raw: dict[str, Any]) -> AssistantConfig:
                 f"{[heads * dim, H]} ({heads} heads of {dim})"
             )
     return AssistantConfig(
-        text=text, backbone_hidden_size=Hb, hidden_size=H, vocab_size=V, layer_types=types,
-        sliding_window=effective_window(text), ordered=ordered, num_centroids=C, top_k=k,
-        block_size=(_generation_drafts(folder) or ASSISTANT_BLOCK_SIZE - 1) + 1, weights_file=file,
+        text=text,
+        backbone_hidden_size=Hb,
+        hidden_size=H,
+        vocab_size=V,
+        layer_types=types,
+        sliding_window=effective_window(text),
+        ordered=ordered,
+        num_centroids=C,
+        top_k=k,
+        block_size=(_generation_drafts(folder) or ASSISTANT_BLOCK_SIZE - 1) + 1,
+        weights_file=file,
         dtype=header["model.norm.weight"][1],
-    )  # fmt: skip
+    )
 
 
 def check_assistant_shape(cfg: AssistantConfig, target: Any, *, name: str) -> None:
@@ -306,8 +320,9 @@ def check_assistant_shape(cfg: AssistantConfig, target: Any, *, name: str) -> No
         )
 
 
-def check_assistant_target(cfg: AssistantConfig, model_type: str, text: dict[str, Any], *, name: str,
-                           model_name: str) -> dict[str, int]:  # fmt: skip
+def check_assistant_target(
+    cfg: AssistantConfig, model_type: str, text: dict[str, Any], *, name: str, model_name: str
+) -> dict[str, int]:
     """The loaded verifier's text config `text` against the assistant: a Gemma 4 whose K/V source layers
     (`kv_source_layers`) have the kinds, K/V heads and head dims the assistant's layers read. Returns
     {layer type: target layer}; one-line ValueError."""

@@ -17,8 +17,9 @@ def _load(ckpt: Any, *, runtime: str, device: Any, dtype: Any, policy: Any, bloc
         from specdec.drafting.gemma4_assistant.mlx import MLXAssistantDrafter as cls
     else:
         from specdec.drafting.gemma4_assistant.torch import AssistantDrafter as cls
-    drafter = cls.from_pretrained(ckpt.folder, ckpt.header, device=device, dtype=dtype, policy=policy,
-                                  block_size=block_size)  # fmt: skip
+    drafter = cls.from_pretrained(
+        ckpt.folder, ckpt.header, device=device, dtype=dtype, policy=policy, block_size=block_size
+    )
     drafter.name = ckpt.name
     return drafter
 

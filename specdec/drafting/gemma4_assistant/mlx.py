@@ -66,8 +66,16 @@ class MLXAssistantDrafter:
     runtime = "mlx"
     walks = True
 
-    def __init__(self, net: _Net, cfg: AssistantConfig, clusters: mx.array | None, *, name: str,
-                 policy: DraftPolicy | None, block_size: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        net: _Net,
+        cfg: AssistantConfig,
+        clusters: mx.array | None,
+        *,
+        name: str,
+        policy: DraftPolicy | None,
+        block_size: int | None,
+    ) -> None:
         self.net, self.cfg, self.name, self._clusters = net, cfg, name, clusters
         self.policy = policy or DraftPolicy()
         self.block_size = min(block_size or cfg.block_size, MAX_VERIFY_TOKENS)
@@ -78,9 +86,16 @@ class MLXAssistantDrafter:
         self._ctx = LastRow(cfg.backbone_hidden_size)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, cfg: AssistantConfig, *, device: Any = "cpu",
-                        dtype: Any = torch.float32, policy: DraftPolicy | None = None,
-                        block_size: int | None = None) -> MLXAssistantDrafter:  # fmt: skip
+    def from_pretrained(
+        cls,
+        folder: str | Path,
+        cfg: AssistantConfig,
+        *,
+        device: Any = "cpu",
+        dtype: Any = torch.float32,
+        policy: DraftPolicy | None = None,
+        block_size: int | None = None,
+    ) -> MLXAssistantDrafter:
         """Load a checkpoint `read_assistant` checked, in `dtype`'s MLX float type."""
         weights: dict[str, mx.array] = {}
         for f in sorted(Path(folder).glob("*.safetensors")):
@@ -195,6 +210,11 @@ class MLXAssistantDrafter:
         return mlx_probe()
 
     def describe(self) -> dict[str, Any]:
-        return {"path": self.path, "architecture": "gemma4-assistant", "runtime": "mlx",
-                "head": "centroid-sparse" if self.cfg.ordered else "dense",
-                "kv_layers": dict(getattr(self, "_sources", {})), **self.policy.describe()}  # fmt: skip
+        return {
+            "path": self.path,
+            "architecture": "gemma4-assistant",
+            "runtime": "mlx",
+            "head": "centroid-sparse" if self.cfg.ordered else "dense",
+            "kv_layers": dict(getattr(self, "_sources", {})),
+            **self.policy.describe(),
+        }

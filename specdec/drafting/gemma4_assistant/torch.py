@@ -48,8 +48,15 @@ class AssistantDrafter:
     runtime = "torch"
     walks = True  # each draft is drawn from the state the one before it left
 
-    def __init__(self, model: Any, cfg: AssistantConfig, *, name: str, policy: DraftPolicy | None,
-                 block_size: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        cfg: AssistantConfig,
+        *,
+        name: str,
+        policy: DraftPolicy | None,
+        block_size: int | None,
+    ) -> None:
         self.model, self.cfg, self.name = model, cfg, name
         self.policy = policy or DraftPolicy()
         self.block_size = min(block_size or cfg.block_size, MAX_VERIFY_TOKENS)
@@ -65,11 +72,23 @@ class AssistantDrafter:
             self._clusters = model.masked_embedding.token_ordering.long().view(cfg.num_centroids, -1)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, cfg: AssistantConfig, *, device: Any = "cpu",
-                        dtype: torch.dtype = torch.float32, policy: DraftPolicy | None = None,
-                        block_size: int | None = None) -> AssistantDrafter:  # fmt: skip
-        d = cls(load_assistant_model(folder, device=device, dtype=dtype), cfg, name=Path(folder).name,
-                policy=policy, block_size=block_size)  # fmt: skip
+    def from_pretrained(
+        cls,
+        folder: str | Path,
+        cfg: AssistantConfig,
+        *,
+        device: Any = "cpu",
+        dtype: torch.dtype = torch.float32,
+        policy: DraftPolicy | None = None,
+        block_size: int | None = None,
+    ) -> AssistantDrafter:
+        d = cls(
+            load_assistant_model(folder, device=device, dtype=dtype),
+            cfg,
+            name=Path(folder).name,
+            policy=policy,
+            block_size=block_size,
+        )
         d.path = str(folder)
         return d
 
@@ -137,8 +156,9 @@ class AssistantDrafter:
         for i in range(n):
             x = m.pre_projection(torch.cat([self.embed_fn(tok), h], -1)[None])  # [1, 1, H]
             masks = masks if masks is not None else m.create_attention_masks(x, None, kv)
-            out = m.model(inputs_embeds=x, attention_mask=masks, position_ids=pos, shared_kv_states=kv,
-                          use_cache=False).last_hidden_state[0]  # fmt: skip  # [1, H]
+            out = m.model(
+                inputs_embeds=x, attention_mask=masks, position_ids=pos, shared_kv_states=kv, use_cache=False
+            ).last_hidden_state[0]  # [1, H]
             logits, ids = self._head(out)
             j = pick(logits, ids, i)  # [1]
             tok = j if ids is None else ids[j]
@@ -182,6 +202,10 @@ class AssistantDrafter:
 
     def describe(self) -> dict[str, Any]:
         """For the result JSON: where from, the head, the layers whose K/V it reads."""
-        return {"path": self.path, "architecture": "gemma4-assistant",
-                "head": "centroid-sparse" if self.cfg.ordered else "dense",
-                "kv_layers": dict(getattr(self, "_sources", {})), **self.policy.describe()}  # fmt: skip
+        return {
+            "path": self.path,
+            "architecture": "gemma4-assistant",
+            "head": "centroid-sparse" if self.cfg.ordered else "dense",
+            "kv_layers": dict(getattr(self, "_sources", {})),
+            **self.policy.describe(),
+        }

@@ -116,8 +116,13 @@ class _Mtp(nn.Module):
                 own = quantization.get(path)
                 return own if isinstance(own, dict) else f"{path}.scales" in weights
 
-            nn.quantize(m, group_size=quantization["group_size"], bits=quantization["bits"],
-                        mode=quantization.get("mode", "affine"), class_predicate=which)  # fmt: skip
+            nn.quantize(
+                m,
+                group_size=quantization["group_size"],
+                bits=quantization["bits"],
+                mode=quantization.get("mode", "affine"),
+                class_predicate=which,
+            )
         try:
             m.load_weights(list(weights.items()), strict=True)
         except ValueError as e:  # another model's layer: mlx names the tensors that do not fit
@@ -196,9 +201,13 @@ class MLXMtpDrafter(MLXChainProposals):
     Built for the verifier it is bound to (again for another)."""
 
     def __init__(
-        self, verifier: Any = None, *, policy: DraftPolicy | None = None, block_size: int | None = None,
+        self,
+        verifier: Any = None,
+        *,
+        policy: DraftPolicy | None = None,
+        block_size: int | None = None,
         split: Any = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.split, self.verifier, self.quantized = split, None, None
         self.name, self.policy = "mtp", policy or DraftPolicy()
         self.block_size = block_size or MTP_BLOCK_SIZE
@@ -240,8 +249,14 @@ class MLXMtpDrafter(MLXChainProposals):
             if self.split is None
             else {"split_folder": str(self.split.folder), "quantization": self.split.quantization}
         )
-        return {"architecture": "mtp", "mtp_layers": self.mtp_layers, "chained_layer": 0, "runtime": "mlx",
-                **where, **self.policy.describe()}  # fmt: skip
+        return {
+            "architecture": "mtp",
+            "mtp_layers": self.mtp_layers,
+            "chained_layer": 0,
+            "runtime": "mlx",
+            **where,
+            **self.policy.describe(),
+        }
 
     def bind(self, verifier: Any) -> None:
         if self.verifier is None or verifier.model is not self.verifier.model:  # built for the model once

@@ -366,11 +366,19 @@ class MtpDrafter(ChainDrafter):
         device, dtype = main.device, main.dtype
         H, N = verifier.hidden_size, verifier.num_layers
         d = cls(
-            _Net(mtp, main.get_decoder().norm), _Cache(mtp.config), name="mtp", policy=policy,
-            block_size=block_size or MTP_BLOCK_SIZE, hidden_size=H, vocab_size=verifier.vocab_size,
-            draft_vocab_size=verifier.vocab_size, feature_dim=H, target_layer_ids=(N - 1,), device=device,
+            _Net(mtp, main.get_decoder().norm),
+            _Cache(mtp.config),
+            name="mtp",
+            policy=policy,
+            block_size=block_size or MTP_BLOCK_SIZE,
+            hidden_size=H,
+            vocab_size=verifier.vocab_size,
+            draft_vocab_size=verifier.vocab_size,
+            feature_dim=H,
+            target_layer_ids=(N - 1,),
+            device=device,
             dtype=dtype,
-        )  # fmt: skip
+        )
         d.mtp_layers, d.verifier = n, verifier
         return d
 
