@@ -383,7 +383,7 @@ def _run(args: argparse.Namespace) -> int:
         check_corpus(args.corpus)  # a bad folder fails before the model loads
     plans = [check_drafter(name) for name in args.drafter]  # config and weights header, before any load
     for name, plan in zip(args.drafter, plans):
-        if plan.checkpoint is None or plan.spec.lookup:
+        if plan.folder is None or plan.spec.lookup:
             raise ValueError(
                 f"--drafter {name!r}: give a DFlash drafter (lookup is replayed with and without)"
             )

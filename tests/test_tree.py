@@ -433,9 +433,8 @@ def test_a_broken_tree_rule_fails_the_same_test(small, monkeypatch):
 
 def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
     from specdec.api import RunSpec
-    from specdec.drafting.load import DrafterPlan
+    from specdec.drafting.load import check_drafter
     from specdec.drafting.lookup.prompt import PromptLookupDrafter
-    from specdec.drafting.registry import DrafterSpec
 
     v = StubVerifier()
     prompt = [1, 2, 3]
@@ -457,7 +456,7 @@ def test_trees_are_refused_where_they_cannot_run(tmp_path: Path, capsys):
     ):
         spec = RunSpec(**{"drafter": "x", "tree": 4, **kw})
         with pytest.raises(ValueError, match=match):
-            spec._check_tree(DrafterPlan(DrafterSpec.parse(spec.drafter)))
+            spec._check_tree(check_drafter(kw.get("drafter", "none")))  # the node count is checked first
     # on the command line (a server too: its requests would all be refused), before anything loads
     from specdec.cli import main
 
