@@ -254,7 +254,9 @@ FORMATS = {
     # test_eagle3.py, test_speculators.py, test_dspark.py
     "speculators dspark": ({"speculators_model_type": "dspark", "speculators_config": {}},
                            "a DSpark drafter (speculators format), which specdec does not read yet"),
-    "medusa": ({"medusa_num_heads": 4, "medusa_num_layers": 1}, "a Medusa drafter, which"),
+    # Medusa in FasterDecoding's layout (a pickle): named, not unpickled; vLLM's is read (test_medusa.py)
+    "medusa": ({"medusa_num_heads": 4, "medusa_num_layers": 1},
+               "holds Medusa heads in FasterDecoding's layout (medusa_num_heads, a pickled"),
     # read now (test_gemma4_assistant.py): a folder without its text config is named as one
     "gemma4 unified assistant": ({"model_type": "gemma4_unified_assistant"},
                                  "assistant 'gemma4-unified-assistant': config.json has no text_config"),
