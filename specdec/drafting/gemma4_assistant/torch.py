@@ -101,9 +101,10 @@ class AssistantDrafter:
         self.target_layer_ids = (verifier.num_layers - 1,)
         self.verifier = verifier
         self.embed_fn = verifier.embed_fn(device=self.device, dtype=self.dtype)
-        norm = verifier.model.get_decoder().norm  # type: ignore[attr-defined]
-        vdtype = next(norm.parameters()).dtype
-        self._final_norm: Callable[[torch.Tensor], torch.Tensor] = lambda x: norm(x.to(vdtype)).to(self.dtype)
+        # the verifier's own final norm, in its dtype (`protocols.FinalNorm`; `fit_verifier` took an HF one)
+        self._final_norm: Callable[[torch.Tensor], torch.Tensor] = verifier.final_norm_fn(  # type: ignore[attr-defined]
+            device=self.device, dtype=self.dtype
+        )
         self.reset()
 
     @property

@@ -366,7 +366,7 @@ class MtpDrafter(ChainDrafter):
         device, dtype = main.device, main.dtype
         H, N = verifier.hidden_size, verifier.num_layers
         d = cls(
-            _Net(mtp, main.get_decoder().norm),
+            _Net(mtp, verifier.final_norm_fn(device=main.device, dtype=main.dtype)),  # `FinalNorm`
             _Cache(mtp.config),
             name="mtp",
             policy=policy,
