@@ -47,6 +47,7 @@ from specdec.records import (
     summarize,
 )
 from specdec.sampling import SamplingParams
+from specdec.threads import choice_for
 from specdec.tree import TREE_AUTO_NODES, TreeBudget
 
 __all__ = [
@@ -286,6 +287,7 @@ def load(spec: RunSpec, *, log: Callable[[str], None] = _log) -> Loaded:
         spec.verifier, spec.model, dtype=spec.dtype, device=spec.verifier_device or spec.device
     )
     log(f"dtype {dtype} ({why})")
+    log(f"threads: {choice_for(verifier).describe()}")
     if table:  # its dtype, now that "auto" chose one
         VerifyCosts.check_measured_on(
             table, source=str(spec.costs), runtime=spec.verifier, model=None, dtype=dtype

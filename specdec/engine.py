@@ -41,6 +41,7 @@ from specdec.protocols import (
 )
 from specdec.records import JsonlWriter, PromptResult, StepRecord, TokenLogprob
 from specdec.sampling import Sampler, SamplingParams
+from specdec.threads import ThreadChoice, choice_for
 from specdec.tree import Tree, TreeBudget
 
 _NO_DRAFTER = unmeasured("no drafter in this run")
@@ -456,15 +457,19 @@ def _phase_times(t0: float, t1: float, t2: float, t3: float, t4: float, t5: floa
     }
 
 
-def _start(verifier: Verifier, drafter: Drafter | None, keep: int) -> tuple[MemoryProbe, MemoryProbe | None]:
+def _start(
+    verifier: Verifier, drafter: Drafter | None, keep: int
+) -> tuple[MemoryProbe, MemoryProbe | None, ThreadChoice]:
     """The verifier set to hand the drafter's layers, both emptied unless the first `keep` positions are
-    reused; their memory probes."""
+    reused; their memory probes; the model's intra-op thread choice, set on this thread."""
+    threads = choice_for(verifier, probe=keep == 0)  # made on first use: it may reset the cache
+    threads.apply(prompt=True)
     verifier.set_target_layers(drafter.target_layer_ids if drafter else ())
     if keep == 0:
         verifier.reset()
         if drafter:
             drafter.reset()
-    return verifier.memory_probe(), drafter.memory_probe() if drafter else None
+    return verifier.memory_probe(), drafter.memory_probe() if drafter else None, threads
 
 
 # the loop is the engine; read top to bottom it shows every phase of a step and where its time goes
@@ -480,7 +485,7 @@ def _decode(
     stops, limit, sampler, proc, lp, rule = _setup(verifier, cfg, prompt)
     grammar = proc.constraint if proc is not None else None
     clock = time.perf_counter
-    vprobe, dprobe = _start(verifier, drafter, keep)
+    vprobe, dprobe, threads = _start(verifier, drafter, keep)
     finish = partial(_finish, stops=stops, max_new=cfg.max_new_tokens)
     record = _prefill(verifier, drafter, prompt, keep, sampler, proc, lp, (vprobe, dprobe), finish, rule)
     if proc is not None:
@@ -495,7 +500,7 @@ def _decode(
         pos = verifier.position + 1  # absolute position of the first token this step decides
         draft, q, tree, dmem = [], None, None, _NO_DRAFTER  # q [k, V]: what sampled drafts were drawn from
         cut = None  # q [V] of a sampled draft the grammar cut
-        t0 = clock()
+        n_threads, t0 = threads.apply(), clock()
         if k > 0:
             dprobe.reset()
             draft, q, tree = _draft(drafter, sampler, cfg.tree, token, k, pos, room)
@@ -525,6 +530,7 @@ def _decode(
             t4 = clock()
             drafter.extend(feats, [token, *draft[: c - 1]])
         t5 = clock()
+        threads.record(n_threads, t5 - t0, drafted + 1)
         yield StepRecord(
             index=index,
             phase="decode",
@@ -541,6 +547,7 @@ def _decode(
             tree_ranks=[tree.ranks[i] for i in path[1:]] if tree else None,
             batch_size=verifier.batch_size if isinstance(verifier, BatchedCalls) else None,
             logprobs=lp.take(path[:c] if tree else range(c), committed) if lp is not None else None,
+            threads=n_threads,
         )
         n_out += len(committed)
         token = committed[-1]

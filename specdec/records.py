@@ -75,6 +75,8 @@ class StepRecord:
     batch_size: int | None = None
     # per committed token, where asked for (`DecodeConfig.logprobs`)
     logprobs: list[TokenLogprob] | None = None
+    # a decode step: the intra-op threads its torch ops ran with (`specdec.threads`); None: the prefill
+    threads: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
