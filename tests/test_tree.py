@@ -551,3 +551,30 @@ def test_a_model_running_its_own_attention_refuses_trees(tmp_path: Path):
     d = TreeDrafter([], vocab=v.vocab_size, block_size=6)
     with pytest.raises(ValueError, match=r"attention \(trees need sdpa\)"):
         generate(v, [3, 4, 5], drafter=d, cfg=DecodeConfig(block_size=4, tree=TreeBudget(4)))
+
+
+@pytest.mark.hf
+def test_tree_exactness_is_measured_on_first_use_and_leaves_a_run_alone(tmp_path: Path):
+    """`HFVerifier.tree_exact` is measured when a tree is first asked for, not at load (most runs verify
+    chains), and the probe's resets happen aside: a run paused before it (its cache, position and
+    captured states) goes on to AR's output as if nothing ran."""
+    pytest.importorskip("transformers")
+    from specdec.verifiers.hf import HFVerifier
+
+    v = HFVerifier(tiny_llama(tmp_path / "m"), dtype=torch.bfloat16)
+    assert v._tree_exact is None  # not measured at load
+    prompt = list(range(3, 40))
+    want = generate(v, prompt, cfg=DecodeConfig(max_new_tokens=16, block_size=1)).output_tokens
+    v.reset()
+    v.set_target_layers([0, 1])
+    out = [v.prefill(prompt)]
+    out += v.verify([out[-1]])
+    feats = lambda: v.features(1, device=torch.device("cpu"), dtype=torch.float32)  # noqa: E731  [1, 2*H]
+    captured, pos = feats(), v.position
+    assert v.tree_exact == v.batch_invariant  # measured now (bf16 here: exact where invariant)
+    assert v._tree_exact is not None and v.position == pos
+    assert torch.equal(feats(), captured)
+    while len(out) < len(want):
+        out += v.verify([out[-1]])
+    assert out == want
+    assert feats().shape[-1] == 2 * v.hidden_size  # the target layers' hooks are back

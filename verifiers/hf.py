@@ -184,9 +184,7 @@ class HFVerifier:
             and batch_invariant(dtype, str(device), linear_shapes(model))
             and verify_equals_steps(self)
         )
-        #: a tree verify gives each node bit for bit its path's logits verified as a chain on this model here
-        #: (measured where the verify is batch-invariant, which is where bit for bit is the claim)
-        self.tree_exact = trees_equal_chains(self) if self.batch_invariant else True
+        self._tree_exact: bool | None = None  # measured on first use (`tree_exact`): most runs verify chains
 
     # ---- loading -------------------------------------------------------------------------------------
 
@@ -335,6 +333,26 @@ class HFVerifier:
         if why:
             name = f"{self.model_name} ({self.config.model_type})"
             raise ValueError(f"{name} cannot verify trees: {why}; use a chain")
+
+    @property
+    def tree_exact(self) -> bool:
+        """Whether a tree verify gives each node bit for bit its path's logits verified as a chain on this
+        model here (`specdec.measure.trees_equal_chains`; measured where the verify is batch-invariant,
+        which is where bit for bit is the claim). Measured on first use, aside from the run's cache."""
+        if self._tree_exact is None:
+            self._tree_exact = self._measure_aside(trees_equal_chains) if self.batch_invariant else True
+        return self._tree_exact
+
+    def _measure_aside(self, measure: Any) -> Any:
+        """`measure(self)` (which resets the cache) with the cache, position and captured states of the
+        run before it put back after."""
+        saved, ids = dict(vars(self)), self._layer_ids
+        try:
+            return measure(self)
+        finally:
+            vars(self).update(saved)
+            self.set_target_layers(ids)  # the hooks the probe removed
+            self._captured = saved["_captured"]
 
     def verify_tree(self, tree: Tree, *, sample: SampleFn | None = None) -> list[int]:
         logits = self.forward(tree.tokens, tree=TreeAttention(tree, self._pos, self.device))  # [N, V]
