@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -113,14 +114,21 @@ def test_a_dead_worker_shows_in_health_and_calls_on_death():
     from specdec.serve import build_app
 
     class Poison:  # not a Job: the worker loop itself (outside any request) fails on it
+        cancel = threading.Event()
+
         @property
-        def cancel(self):
+        def ids(self):
             raise SystemError("the loop itself broke")
+
+        def emit(self, *a):
+            pass
 
     deaths: list[BaseException] = []
     app = build_app(StreamingEngine(StubVerifier()), model_name="stub", on_death=deaths.append)
     worker = app.state.worker
-    worker.jobs.put_nowait(Poison())
+    with worker._lock:
+        worker.waiting.append(Poison())
+        worker._lock.notify_all()
     worker._threads[0].join(timeout=10)
     assert not worker.alive and isinstance(deaths[0], SystemError)
     with TestClient(app) as c:

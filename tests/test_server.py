@@ -310,6 +310,26 @@ def test_models_health_metrics(served):
     assert 'specdec_peak_memory_bytes{runtime="verifier"}' in text
 
 
+def test_a_conversations_next_turn_goes_to_the_engine_holding_its_start():
+    """Two free engines (each on its own stub): turn 1 of a chat runs on one; turn 2 (turn 1, its reply, a
+    new question) goes to the engine whose cache holds turn 1, so its prefill reuses at least turn 1's
+    prompt. Arrival order alone would hand it to the engine that has waited longest: the other one."""
+    serving = _serve([_engine(), _engine()], model_name="stub")
+    served = next(serving)
+    client = served.client(max_retries=0, timeout=60)
+    msgs = [{"role": "user", "content": "Tell me about the sea."}]
+    r1 = client.chat.completions.create(model="stub", messages=msgs, max_tokens=16, temperature=0)
+    before = served.metrics()["reused_prompt_tokens_total"]
+    msgs += [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "And the sky?"},
+    ]
+    client.chat.completions.create(model="stub", messages=msgs, max_tokens=16, temperature=0)
+    reused = served.metrics()["reused_prompt_tokens_total"] - before
+    serving.close()
+    assert reused >= r1.usage.prompt_tokens > 0
+
+
 @pytest.mark.parametrize("max_queue", [2, 8])
 def test_eight_concurrent_clients_none_lost_or_mixed(max_queue, ref):
     prompts = [f"Client {i} asks: what is {i} plus {i}?" for i in range(8)]

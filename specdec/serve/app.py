@@ -398,7 +398,7 @@ class _Routes:
         from starlette.responses import JSONResponse
 
         w = self.worker
-        body = {"status": "ok", "model": self.model, "queue_depth": w.jobs.qsize(), "busy": w.busy}
+        body = {"status": "ok", "model": self.model, "queue_depth": len(w.waiting), "busy": w.busy}
         if not w.alive:  # never "ok" with no one to serve the requests
             why = f"{type(w.error).__name__}: {w.error}" if w.error else "stopped"
             return JSONResponse({**body, "status": "error", "error": f"engine worker died ({why})"}, 503)
@@ -408,7 +408,7 @@ class _Routes:
         from starlette.responses import JSONResponse, PlainTextResponse
 
         w = self.worker
-        snap = w.metrics.snapshot(w.jobs.qsize(), w.busy)
+        snap = w.metrics.snapshot(len(w.waiting), w.busy)
         accept = request.headers.get("accept", "")
         if request.query_params.get("format") == "prometheus" or (
             "text/plain" in accept and "json" not in accept

@@ -1,17 +1,20 @@
 """The threads that run the engines of `specdec serve`: requests queue as `Job`s and are served in arrival
 order, one at a time per engine; each job's events go back to its request's event loop. With several
 engines (`--max-batch N`: N sequences of one batch) N requests run at once, each a member of the batch
-while it runs, so their verifies share forwards."""
+while it runs, so their verifies share forwards. The oldest waiting request goes to the free engine whose
+cache holds the longest start of its prompt (a conversation's next turn to the engine that served the
+last, where it is free), so its prefill covers only the new tokens."""
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specdec.engine import common_prefix_len
 from specdec.processors import LogitsParams
 from specdec.reasoning import ThinkingBudget
 from specdec.serve.metrics import Metrics, request_stats
@@ -27,6 +30,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
+    ids: list[int] | None = None  # its prompt's token ids, once an engine choice needed them
 
     def emit(self, kind: str, payload: Any = None) -> None:
         try:
@@ -88,7 +92,7 @@ class Worker:
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
         self.engines = [engines] if isinstance(engines, StreamingEngine) else list(engines)
         self.engine, self.default_max_tokens = self.engines[0], default_max_tokens
-        self.jobs: queue.Queue[Job | None] = queue.Queue()  # bounded by `submit`
+        self.waiting: deque[Job] = deque()  # in arrival order, bounded by `submit`
         self.max_queue = max_queue
         self.metrics = Metrics()
         self.spell = TokenSpeller(self.engine.verifier)
@@ -99,7 +103,8 @@ class Worker:
         self.running: set[Job] = set()
         self.error: BaseException | None = None
         self._on_death = on_death
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # guards `waiting`, `running`, `_idle`; signals a change of them
+        self._idle: list[StreamingEngine] = []  # engines whose threads wait for a job
         self._stopping = False
         self._threads = [
             threading.Thread(target=self._loop, args=(e,), name=f"specdec-worker-{i}", daemon=True)
@@ -119,40 +124,36 @@ class Worker:
     def submit(self, job: Job) -> bool:
         """Queue `job`; False when the queue is full (or the worker is gone)."""
         with self._lock:
-            taken = len(self.running) + self.jobs.qsize()  # running or about to, for one of the engines
+            taken = len(self.running) + len(self.waiting)  # running or about to, for one of the engines
             if self._stopping or not self.alive or taken >= len(self.engines) + self.max_queue:
                 return False
-            self.jobs.put_nowait(job)
+            self.waiting.append(job)
+            self._lock.notify_all()
         return True
 
     def stop(self) -> None:
         """Cancel what runs and waits, then end the threads (never blocks for long)."""
         with self._lock:
             self._stopping = True
-            while True:
-                try:
-                    job = self.jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if job is not None:
-                    job.cancel.set()
-                    job.emit("cancelled")
+            while self.waiting:
+                job = self.waiting.popleft()
+                job.cancel.set()
+                job.emit("cancelled")
             for job in self.running:
                 job.cancel.set()
-            for _ in self._threads:
-                self.jobs.put_nowait(None)
+            self._lock.notify_all()
         for t in self._threads:
             t.join(timeout=30)
 
     def _loop(self, engine: StreamingEngine) -> None:
         try:
-            while (job := self.jobs.get()) is not None:
+            while (job := self._take(engine)) is not None:
                 if job.cancel.is_set():  # the client left while queued
                     self.metrics.add("requests_cancelled")
                     job.emit("cancelled")
+                    with self._lock:
+                        self.running.discard(job)
                     continue
-                with self._lock:
-                    self.running.add(job)
                 try:  # on a sequence of a batch, a member of it while it decodes (`engine.decode`)
                     self._serve(job, engine)
                 except Exception as e:  # a bug of ours: that request's 500, the next one is served
@@ -169,6 +170,36 @@ class Worker:
             if self._on_death is not None:
                 self._on_death(e)
             raise
+
+    def _take(self, engine: StreamingEngine) -> Job | None:
+        """The next job for `engine`'s thread (None: the worker stops): the oldest waiting one, where no
+        other free engine's cache holds a longer start of its prompt."""
+        with self._lock:
+            self._idle.append(engine)
+            self._lock.notify_all()  # a free engine may be the better one for the oldest job
+            try:
+                while not self._stopping:
+                    if self.waiting and self._best(self.waiting[0]) is engine:
+                        job = self.waiting.popleft()
+                        self.running.add(job)
+                        self._lock.notify_all()  # the next job may be another free engine's now
+                        return job
+                    self._lock.wait()
+                return None
+            finally:
+                self._idle.remove(engine)
+
+    def _best(self, job: Job) -> StreamingEngine:
+        """With the lock held: the free engine whose cache holds the longest start of `job`'s prompt (the
+        first free one where none holds any)."""
+        if job.ids is None:
+            p = job.params
+            try:  # what `_serve` encodes again (and reports, where it fails)
+                job.ids = self._idle[0].encode(p.prompt, tools=p.tools, template_kwargs=p.template_kwargs)
+            except Exception:  # any failure: no preference (`_serve` says what is wrong)
+                job.ids = []
+        order = sorted(self._idle, key=self.engines.index)
+        return max(order, key=lambda e: common_prefix_len(e.cached_tokens, job.ids))
 
     def _with_tool_grammar(self, p: Params) -> Params:
         """The request with the model's call syntax known, and under `tool_choice` "required" or a named
