@@ -7,6 +7,7 @@
 #
 #   bash evals/gpu_check.sh                                   # on the lent GPU, from the repo root
 #   PYTHON=.venv/bin/python PRESET=cpu bash evals/gpu_check.sh  # rehearsal on a CPU: same steps, small preset
+#   (TESTS="tests/test_cuda.py tests/test_memory.py" runs fewer test files)
 #
 # It uses the machine's own torch and installs nothing (the device machine reaches no registry): specdec is
 # put on PYTHONPATH through a folder of links laid out as the installed package is (pyproject's package-dir).
@@ -16,6 +17,8 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-runs/gpu_check}
 PRESET=${PRESET:-full}
 ITERS=${ITERS:-3}
+# the test files it runs (a rehearsal may name fewer: the suite runs them all anyway)
+TESTS=${TESTS:-tests/test_cuda.py tests/test_memory.py tests/test_engine.py tests/test_dflash.py}
 mkdir -p "$OUT"
 DEVICE=cuda
 [ "$PRESET" = cpu ] && DEVICE=cpu
@@ -30,8 +33,9 @@ echo "== environment" | tee "$OUT/log.txt"
 (nvidia-smi -L 2>&1 || true; "$PY" -c 'import torch, specdec; print("torch", torch.__version__, "cuda", torch.cuda.is_available())') 2>&1 | tee -a "$OUT/log.txt"
 
 echo "== CUDA tests" | tee -a "$OUT/log.txt"
+# shellcheck disable=SC2086  # TESTS: several paths
 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" --junitxml="$OUT/tests.xml" \
-    tests/test_cuda.py tests/test_memory.py tests/test_engine.py tests/test_dflash.py 2>&1 | tail -n 15 | tee -a "$OUT/log.txt"
+    $TESTS 2>&1 | tail -n 15 | tee -a "$OUT/log.txt"
 
 echo "== per-step peak memory ($DEVICE)" | tee -a "$OUT/log.txt"
 "$PY" - "$SITE/llama" <<'EOF' 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"

@@ -243,9 +243,11 @@ def test_gpu_check_script_rehearses_on_a_cpu(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "PRESET": "cpu", "ITERS": "1"}
+    # two of its four test files: the suite runs the other two itself
+    env["TESTS"] = "tests/test_cuda.py tests/test_memory.py"
     subprocess.run(["bash", "evals/gpu_check.sh"], cwd=root, env=env, check=True, capture_output=True)
     result = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert result["tests"]["failed"] == [] and result["tests"]["total"] > 50
+    assert result["tests"]["failed"] == [] and result["tests"]["total"] >= 20
     assert result["tests"]["cuda_tests_skipped"] or result["tests"]["cuda_tests_run"]
     assert result["peak_memory"]["steps"] > 1 and result["bench_train"]["preset"] == "cpu"
     assert "| attn_chunk |" in (tmp_path / "gpu_check.md").read_text()

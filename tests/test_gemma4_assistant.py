@@ -222,8 +222,8 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_path, 
     """Chi-square of the first three tokens against the exact distribution (tests/test_sampling.py's
     harness) on a Gemma 4 of the harness's vocabulary, drafts sampled from the centroid-sparse assistant's
     walk and verified by `rejection`. Negative control: q rows shifted by one token must fail."""
+    from test_sampling import N_WALK_EVEN, check_walk_distribution
     from test_sampling import V as SV
-    from test_sampling import check_walk_distribution
 
     t = tinymodels.tiny_gemma4(tmp_path / "t", sliding_window=2, vocab=SV)
     a = tinymodels.tiny_gemma4_assistant(
@@ -231,7 +231,7 @@ def test_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_path, 
     )
     v = HFVerifier(t)
     d = load_drafter(str(a), verifier=v)
-    check_walk_distribution(v, d, AssistantDrafter, monkeypatch, broken=broken)
+    check_walk_distribution(v, d, AssistantDrafter, monkeypatch, broken=broken, n=N_WALK_EVEN)
 
 
 # ---- the MLX drafter beside the MLX verifier ------------------------------------------------------------
@@ -413,8 +413,8 @@ def test_mlx_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_pa
     """The chi-square above with the MLX assistant beside the MLX verifier; the exact distribution is
     transformers' fp32 forward of the same checkpoint (enumerated). Negative control: shifted q rows."""
     pytest.importorskip("mlx_lm")
+    from test_sampling import N_WALK_EVEN, check_walk_distribution
     from test_sampling import V as SV
-    from test_sampling import check_walk_distribution
 
     from specdec.drafting.gemma4_assistant.mlx import MLXAssistantDrafter
     from specdec.verifiers.mlx import MLXVerifier
@@ -426,7 +426,9 @@ def test_mlx_sampled_walk_with_rejection_keeps_the_verifiers_distribution(tmp_pa
     v = MLXVerifier(t)
     d = load_drafter(str(a), verifier=v, runtime="mlx")
     assert isinstance(d, MLXAssistantDrafter)
-    check_walk_distribution(v, d, MLXAssistantDrafter, monkeypatch, broken=broken, reference=HFVerifier(t))
+    check_walk_distribution(
+        v, d, MLXAssistantDrafter, monkeypatch, broken=broken, reference=HFVerifier(t), n=N_WALK_EVEN
+    )
 
 
 def test_mlx_vlm_peer_runs_the_assistant_and_stays_greedy(tmp_path):

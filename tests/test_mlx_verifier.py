@@ -431,11 +431,11 @@ def test_real_model_speculative_equals_mlx_lm(short, tmp_path):
     v = MLXVerifier(path)
     assert v.tokenizer is not None and v.eos_token_ids
     prompt = v.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 5)  # Gemma: past 32
-    ref = parity.mlx_lm_greedy(v, prompt, 48)
-    drafter = ScriptedDrafter(prompt + ref, wrong_at={len(prompt) + i for i in (2, 9, 10, 30)},
+    ref = parity.mlx_lm_greedy(v, prompt, 32)
+    drafter = ScriptedDrafter(prompt + ref, wrong_at={len(prompt) + i for i in (2, 9, 10, 27)},
                               vocab=v.vocab_size, block_size=8, target_layer_ids=(1, v.num_layers - 1),
                               hidden_size=v.hidden_size)  # fmt: skip
-    cfg = DecodeConfig(max_new_tokens=48, block_size=8, stop_token_ids=frozenset())
+    cfg = DecodeConfig(max_new_tokens=32, block_size=8, stop_token_ids=frozenset())
     assert generate(v, prompt, drafter=drafter, cfg=cfg).output_tokens == ref
 
 
