@@ -20,9 +20,10 @@ current's.
 Exact: a count may change mid-run only where the verifier's logits do not depend on it, measured on the
 loaded model (`threads_invariant`: the same calls with each candidate, bit for bit); where they do, the
 count stays fixed and `describe` says why. The adapting choice runs where `SPECDEC_THREADS=auto` asks for
-it; by default the count is torch's on the thread that loaded the model, set on every decoding thread
-(measured on the 2-core EPYC, adapting helped with one busy core and once fell to a third of the fixed
-count's speed with two: docs/performance.md). `SPECDEC_THREADS=N` fixes the count. The wait policy is
+it, and `SPECDEC_THREADS=N` sets N on every decoding thread; by default nothing is set and each thread
+keeps its own count, as before (measured on the 2-core EPYC, adapting helped with one busy core and once
+fell to a third of the fixed count's speed with two, and a count forced on every thread by default came
+with a slower test suite: docs/performance.md). The wait policy is
 OpenMP's (`OMP_WAIT_POLICY`, read once when torch starts; not changed here).
 """
 
@@ -57,9 +58,10 @@ class ThreadChoice:
     """The intra-op thread count a loaded model's steps run with (module docstring). `apply()` before a
     step sets it on the calling thread; `record(threads, seconds, rows)` after it feeds the choice."""
 
-    def __init__(self, candidates: tuple[int, ...], *, adapt: bool, why: str) -> None:
+    def __init__(self, candidates: tuple[int, ...], *, adapt: bool, why: str, inherit: bool = False) -> None:
         self.candidates = candidates  # the first: the count it starts with
         self.adapt = adapt and len(candidates) > 1
+        self.inherit = inherit  # set nothing: each decoding thread keeps its own count
         self.why = why
         self.current = self.base = candidates[0]
         self.switches = 0
@@ -72,6 +74,8 @@ class ThreadChoice:
 
     def describe(self) -> str:
         """One line for the load log: the count and how it is chosen."""
+        if self.inherit:
+            return f"each decoding thread's own intra-op count ({self.why})"
         if not self.adapt:
             return f"{self.current} intra-op thread{'s' * (self.current > 1)} ({self.why})"
         other = " or ".join(str(c) for c in self.candidates[1:])
@@ -91,6 +95,8 @@ class ThreadChoice:
         """Set the next step's count on this thread (OpenMP's count is per thread); the count. A prompt's
         prefill runs with the first count always: only decode-shaped calls were measured to give the same
         logits with each (`threads_invariant`)."""
+        if self.inherit:
+            return torch.get_num_threads()
         n = self.base if prompt else self.next_count()
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
@@ -161,7 +167,7 @@ def choice_for(verifier: Any, *, probe: bool = True) -> ThreadChoice:
     resets the verifier's cache). `probe=False` (its cache holds a run to go on with): where none was
     made yet, torch's count on this thread, fixed, for this run only (so too for a verifier that cannot
     be a weak key)."""
-    here = ThreadChoice((torch.get_num_threads(),), adapt=False, why="torch's count on this thread")
+    here = ThreadChoice((torch.get_num_threads(),), adapt=False, why="not chosen", inherit=True)
     with _MADE:
         try:
             choice = _CHOICES.get(verifier)
@@ -189,10 +195,9 @@ def _make(verifier: Any) -> ThreadChoice:
             raise ValueError(f"SPECDEC_THREADS must be a positive integer or 'auto', got {asked!r}")
         return ThreadChoice((int(asked),), adapt=False, why="SPECDEC_THREADS")
     full = torch.get_num_threads()
-    if asked != "auto":  # not the default yet: docs/performance.md has what adapting measured here
-        return ThreadChoice(
-            (full,), adapt=False, why="torch's count where it loaded; SPECDEC_THREADS=auto adapts"
-        )
+    if asked != "auto":  # the default, as before: docs/performance.md has what adapting measured here
+        why = "SPECDEC_THREADS=N sets N on every one, =auto adapts it"
+        return ThreadChoice((full,), adapt=False, why=why, inherit=True)
     if full == 1:
         return ThreadChoice((1,), adapt=False, why="torch's count on this thread")
     if isinstance(verifier, BatchedCalls):  # a batch's sequences: forwards run on whichever thread comes last

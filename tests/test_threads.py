@@ -158,8 +158,11 @@ def test_a_count_that_moves_the_logits_is_not_changed(monkeypatch):
 def test_specdec_threads_fixes_the_count_or_asks_for_adapting(monkeypatch):
     torch.set_num_threads(2)  # a user's thread (the tests' own is 1, conftest)
     monkeypatch.delenv("SPECDEC_THREADS", raising=False)
-    c = choice_for(StubVerifier())  # the default: torch's count here, fixed
-    assert (c.candidates, c.adapt) == ((2,), False) and "SPECDEC_THREADS=auto" in c.describe()
+    c = choice_for(StubVerifier())  # the default: nothing set, each thread keeps its own
+    assert c.inherit and not c.adapt and "=auto adapts" in c.describe()
+    torch.set_num_threads(1)
+    assert c.apply() == 1 and torch.get_num_threads() == 1
+    torch.set_num_threads(2)
     monkeypatch.setenv("SPECDEC_THREADS", "1")
     c = choice_for(StubVerifier())
     assert (c.candidates, c.adapt) == ((1,), False)
