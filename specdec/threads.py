@@ -22,8 +22,7 @@ loaded model (`threads_invariant`: the same calls with each candidate, bit for b
 count stays fixed and `describe` says why. The adapting choice runs where `SPECDEC_THREADS=auto` asks for
 it, and `SPECDEC_THREADS=N` sets N on every decoding thread; by default nothing is set and each thread
 keeps its own count, as before (measured on the 2-core EPYC, adapting helped with one busy core and once
-fell to a third of the fixed count's speed with two, and a count forced on every thread by default came
-with a slower test suite: docs/performance.md). The wait policy is
+fell to a third of the fixed count's speed with two: docs/performance.md). The wait policy is
 OpenMP's (`OMP_WAIT_POLICY`, read once when torch starts; not changed here).
 """
 
