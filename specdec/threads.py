@@ -138,8 +138,8 @@ class ThreadChoice:
         return guess if guess > 0 else my
 
     def _trial_count(self) -> int:
-        # alternate: current, other(s), current, ... so a change of load hits both
-        return self.candidates[len(self._trial) % len(self.candidates)] if self._trial is not None else 0
+        # during a trial, alternate: current, other(s), current, ... so a change of load hits both
+        return self.candidates[len(self._trial or ()) % len(self.candidates)]
 
     def _end_trial(self) -> None:
         trial, self._trial, self._since = self._trial or [], None, 0
@@ -162,18 +162,17 @@ _MADE = threading.Lock()
 
 
 def choice_for(verifier: Any, *, probe: bool = True) -> ThreadChoice:
-    """The loaded model's `ThreadChoice`, made on first use (`threads_invariant` measured there, which
-    resets the verifier's cache). `probe=False` (its cache holds a run to go on with): where none was
-    made yet, torch's count on this thread, fixed, for this run only (so too for a verifier that cannot
-    be a weak key)."""
-    here = ThreadChoice((torch.get_num_threads(),), adapt=False, why="not chosen", inherit=True)
+    """The loaded model's `ThreadChoice`, made on first use (with `SPECDEC_THREADS=auto`, `threads_invariant`
+    measured there, which resets the verifier's cache). `probe=False` (its cache holds a run to go on
+    with): where none was made yet, one that sets nothing, for this run only (so too for a verifier that
+    cannot be a weak key)."""
     with _MADE:
         try:
             choice = _CHOICES.get(verifier)
-        except TypeError:  # a verifier that cannot be weakly keyed (unhashable): this thread's count
-            return here
+        except TypeError:  # a verifier that cannot be weakly keyed (unhashable)
+            choice, probe = None, False
         if choice is None and not probe:
-            return here
+            return ThreadChoice((torch.get_num_threads(),), adapt=False, why="not chosen", inherit=True)
         if choice is None:
             choice = _CHOICES[verifier] = _make(verifier)
         return choice
