@@ -317,8 +317,21 @@ def test_a_conversations_next_turn_goes_to_the_engine_holding_its_start():
     serving = _serve([_engine(), _engine()], model_name="stub")
     served = next(serving)
     client = served.client(max_retries=0, timeout=60)
+    worker = served.app.state.worker
+    # turn 1 on the second engine: the first is busy with another request meanwhile (so neither "the
+    # first free engine" nor "the one waiting longest" would pick the second for turn 2 by chance)
+    other = [{"role": "user", "content": "Count slowly."}]
+    busy = threading.Thread(
+        target=lambda: client.chat.completions.create(model="stub", messages=other, max_tokens=400)
+    )
+    busy.start()
+    deadline = time.time() + 20
+    while not worker.running:
+        assert time.time() < deadline
+        time.sleep(0.001)
     msgs = [{"role": "user", "content": "Tell me about the sea."}]
     r1 = client.chat.completions.create(model="stub", messages=msgs, max_tokens=16, temperature=0)
+    busy.join()
     before = served.metrics()["reused_prompt_tokens_total"]
     msgs += [
         {"role": "assistant", "content": r1.choices[0].message.content},
