@@ -156,9 +156,10 @@ class Verifier(Protocol):
 
     def probe_logits(self, calls: Sequence[ProbeCall]) -> list[torch.Tensor | None]:
         """Run `calls` in order on a cache from empty and return each call's logits [T, V] as torch tensors
-        (None for a rollback): how `specdec.measure` measures `batch_invariant` and `tree_exact` on every
-        verifier the same way. A verifier that measures at load may use its own cache (leaving it reset);
-        one that measures on first use must leave its cache as it was."""
+        (None for a rollback; the first call, a prompt, gives its last row's alone, [1, V]): how
+        `specdec.measure` measures `batch_invariant` and `tree_exact` on every verifier the same way. A
+        verifier that measures at load may use its own cache (leaving it reset); one that measures on first
+        use must leave its cache as it was."""
         ...
 
 

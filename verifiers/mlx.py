@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -448,9 +448,9 @@ class MLXVerifier:
 
     def probe_logits(self, calls: Sequence[ProbeCall]) -> list[torch.Tensor | None]:
         """`specdec.measure`'s calls on caches of their own (this verifier's stay as they are): the model
-        itself, no taps, each call's logits as a zero-copy torch view."""
+        itself (tapped only to keep the prompt's last row), each call's logits as a zero-copy torch view."""
         cache, pos, out = self._make_cache(), 0, []
-        for call in calls:
+        for n, call in enumerate(calls):
             if isinstance(call, int):
                 for c in cache:
                     c.trim(call)
@@ -463,7 +463,8 @@ class MLXVerifier:
                 with self._tree_ropes(att):
                     logits = self.model(ids, cache=[TreeCache(c, att) for c in cache])  # [1, N, V]
             else:
-                logits = self.model(ids, cache=cache)  # [1, T, V]
+                with self._tapped({}, last_only=True) if n == 0 else nullcontext():  # a prompt: its last row
+                    logits = self.model(ids, cache=cache)  # [1, T|1, V]
             pos += ids.shape[1]
             out.append(to_torch(logits[0]))
         return out

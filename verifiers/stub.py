@@ -118,14 +118,18 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
-def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE. x: [nh, T, hd], pos: [T]."""
-    hd = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
-    ang = pos.to(torch.float32)[:, None] * inv[None, :]  # [T, hd/2]
-    cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+def _rope_table(n: int, hd: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half RoPE's cos and sin for positions 0..n-1, each [n, hd]: made once, so a call gathers its
+    rows (each position's values the same whatever call it is in) instead of recomputing them per layer."""
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+    ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]  # [n, hd/2]
+    return torch.cat([ang.cos()] * 2, -1).to(dtype), torch.cat([ang.sin()] * 2, -1).to(dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x: [nh, T, hd]; cos, sin: [T, hd] (the call's rows of `_rope_table`)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
 
 class StubModel(nn.Module):
@@ -184,6 +188,7 @@ class StubVerifier:
         nh, hd = cfg.num_heads, cfg.hidden_size // cfg.num_heads
         # [L, 2, nh, max_context, hd]: K and V per layer, written at [pos, pos+T)
         self._kv = torch.zeros(cfg.num_layers, 2, nh, cfg.max_context, hd, dtype=dtype)
+        self._cos, self._sin = _rope_table(cfg.max_context, hd, cfg.rope_theta, dtype)  # [max_context, hd]
         self._pos = 0
         self._layer_ids: tuple[int, ...] = ()
         self._captured: torch.Tensor | None = None  # [T, K*H] of the last call
@@ -246,10 +251,11 @@ class StubVerifier:
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.model.embed)  # [T, H]
         wanted = set(self._layer_ids if layer_ids is None else layer_ids)
         captured: dict[int, torch.Tensor] = {}
+        cos, sin = self._cos[pos], self._sin[pos]  # [T, hd]
         for li, layer in enumerate(self.model.layers):
             h = _rms_norm(x, layer.norm1, cfg.eps)
             q, k, v = self._linear(h, layer.qkv).view(T, 3, nh, hd).permute(1, 2, 0, 3)  # each [nh, T, hd]
-            att = attend(li, _rope(q, pos, cfg.rope_theta), _rope(k, pos, cfg.rope_theta), v)  # [nh, T, hd]
+            att = attend(li, _rope(q, cos, sin), _rope(k, cos, sin), v)  # [nh, T, hd]
             x = x + self._linear(att.transpose(0, 1).reshape(T, -1), layer.o)
             gate, up = self._linear(_rms_norm(x, layer.norm2, cfg.eps), layer.up).chunk(2, -1)
             x = x + self._linear(F.silu(gate) * up, layer.down)
