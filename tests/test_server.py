@@ -304,10 +304,15 @@ def test_models_health_metrics(served):
     m = served.metrics()
     assert m["requests_completed"] >= 1 and m["acceptance_length_mean"] >= 1
     assert m["tokens_per_s"] > 0 and "verifier" in m["peak_memory"]
+    assert m["running"] == 0 and m["queue_depth"] == 0 and m["busy"] is False
+    # one engine alone: every decode step's verify ran one request's calls
+    assert m["decode_steps_by_batch_size"] == {"1": m["decode_steps_total"]} and m["decode_steps_total"]
     text = httpx.get(served.url + "/metrics?format=prometheus").text
     assert "# TYPE specdec_requests_completed_total counter" in text
     assert "specdec_acceptance_length_mean " in text
     assert 'specdec_peak_memory_bytes{runtime="verifier"}' in text
+    assert "specdec_running 0" in text and "specdec_prompt_cache_hits_total " in text
+    assert f'specdec_decode_steps_by_batch_size_total{{batch_size="1"}} {m["decode_steps_total"]}' in text
 
 
 def test_a_conversations_next_turn_goes_to_the_engine_holding_its_start():
@@ -332,15 +337,20 @@ def test_a_conversations_next_turn_goes_to_the_engine_holding_its_start():
     msgs = [{"role": "user", "content": "Tell me about the sea."}]
     r1 = client.chat.completions.create(model="stub", messages=msgs, max_tokens=16, temperature=0)
     busy.join()
-    before = served.metrics()["reused_prompt_tokens_total"]
+    before = served.metrics()
     msgs += [
         {"role": "assistant", "content": r1.choices[0].message.content},
         {"role": "user", "content": "And the sky?"},
     ]
     client.chat.completions.create(model="stub", messages=msgs, max_tokens=16, temperature=0)
-    reused = served.metrics()["reused_prompt_tokens_total"] - before
+    after = served.metrics()
     serving.close()
-    assert reused >= r1.usage.prompt_tokens > 0
+    assert (
+        after["reused_prompt_tokens_total"] - before["reused_prompt_tokens_total"]
+        >= r1.usage.prompt_tokens
+        > 0
+    )
+    assert after["prompt_cache_hits_total"] == before["prompt_cache_hits_total"] + 1
 
 
 @pytest.mark.parametrize("max_queue", [2, 8])
@@ -499,9 +509,11 @@ def test_max_batch_eight_streaming_clients_each_get_their_solo_text(tmp_path, ru
         got[i] = "".join(c.choices[0].text for c in parts if c.choices)
 
     at_once(ask, 8)
+    sizes = served.metrics()["decode_steps_by_batch_size"]
     serving.close()
     assert [got.get(i) for i in range(8)] == want and all(want)
     assert shared(batch, since) > 1  # the requests' verifies did share forwards
+    assert max(map(int, sizes)) > 1  # and the requests' own steps say so in /metrics
 
 
 def test_max_batch_is_refused_where_it_cannot_run(capsys):

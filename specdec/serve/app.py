@@ -408,7 +408,7 @@ class _Routes:
         from starlette.responses import JSONResponse, PlainTextResponse
 
         w = self.worker
-        snap = w.metrics.snapshot(len(w.waiting), w.busy)
+        snap = w.metrics.snapshot(len(w.waiting), len(w.running))
         accept = request.headers.get("accept", "")
         if request.query_params.get("format") == "prometheus" or (
             "text/plain" in accept and "json" not in accept

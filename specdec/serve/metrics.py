@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,13 +22,16 @@ class Metrics:
         self.started = time.time()
         names = (
             "requests_total requests_completed requests_cancelled requests_rejected_busy requests_invalid "
-            "requests_failed prompt_tokens_total reused_prompt_tokens_total completion_tokens_total "
+            "requests_failed prompt_tokens_total reused_prompt_tokens_total prompt_cache_hits_total "
+            "completion_tokens_total "
             "decode_steps_total drafted_tokens_total accepted_tokens_total"
         )
         self.c = dict.fromkeys(names.split(), 0)
         self.decode_s_total = 0.0
         self.decode_tokens_total = 0  # tokens after the first one of each request
         self.acceptance_length_sum = 0
+        #: decode steps by how many requests' calls their verify's forward ran (1: alone)
+        self.batch_sizes: Counter[int] = Counter()
         self.last: dict[str, Any] = {}
         self.peak: dict[str, dict | None] = {}
 
@@ -41,11 +45,13 @@ class Metrics:
             self.c["requests_cancelled" if r.finish_reason == "cancelled" else "requests_completed"] += 1
             self.c["prompt_tokens_total"] += r.prompt_tokens
             self.c["reused_prompt_tokens_total"] += r.reused_tokens
+            self.c["prompt_cache_hits_total"] += r.reused_tokens > 0
             self.c["completion_tokens_total"] += len(r.output_tokens)
             self.c["decode_steps_total"] += len(decode)
             self.c["drafted_tokens_total"] += stats["drafted"]
             self.c["accepted_tokens_total"] += stats["accepted"]
             self.acceptance_length_sum += sum(s.acceptance_length for s in decode)
+            self.batch_sizes.update(s.batch_size or 1 for s in decode)
             self.decode_s_total += sum(s.step_s for s in decode)
             self.decode_tokens_total += sum(len(s.tokens) for s in decode)
             self.last = {**stats, "completion_tokens": len(r.output_tokens)}
@@ -53,13 +59,15 @@ class Metrics:
                 recs = [self.peak.get(rt), *(s.peak_memory.get(rt) for s in r.steps)]
                 self.peak[rt] = max_record(recs)
 
-    def snapshot(self, queue_depth: int, busy: bool) -> dict[str, Any]:
+    def snapshot(self, queue_depth: int, running: int) -> dict[str, Any]:
+        """The counters, with the requests decoding now (`running`) and waiting for an engine."""
         with self._lock:
             steps = self.c["decode_steps_total"]
             return {
                 **self.c,
+                "running": running,
                 "queue_depth": queue_depth,
-                "busy": busy,
+                "busy": running > 0,
                 "uptime_s": time.time() - self.started,
                 "acceptance_length_mean": self.acceptance_length_sum / steps if steps else None,
                 "tokens_per_s": self.decode_tokens_total / self.decode_s_total
@@ -67,6 +75,7 @@ class Metrics:
                 else None,
                 "peak_memory": dict(self.peak),
                 "peak_memory_bytes": {rt: (rec or {}).get("bytes") for rt, rec in self.peak.items()},
+                "decode_steps_by_batch_size": {str(k): n for k, n in sorted(self.batch_sizes.items())},
                 "last_request": dict(self.last),
             }
 
@@ -81,6 +90,9 @@ def prometheus(snap: dict[str, Any], counters: Sequence[str]) -> str:
             continue
         name = f"specdec_{k}" + ("_total" if k in counters and not k.endswith("_total") else "")
         lines += [f"# TYPE {name} {'counter' if k in counters else 'gauge'}", f"{name} {v}"]
+    lines.append("# TYPE specdec_decode_steps_by_batch_size_total counter")
+    for size, n in snap["decode_steps_by_batch_size"].items():
+        lines.append(f'specdec_decode_steps_by_batch_size_total{{batch_size="{size}"}} {n}')
     lines.append("# TYPE specdec_peak_memory_bytes gauge")
     for rt, b in snap["peak_memory_bytes"].items():
         if b is not None:
