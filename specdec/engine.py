@@ -309,18 +309,22 @@ def decode(
 
     The run holds the verifier and the drafter from its first step to its end (`specdec.lease`): another
     run on either waits for it. On a sequence of a batch it is a member of the batch as long
-    (`BatchedCalls.member`): its calls share forwards with the other runs'. `owner`: who holds them (the
+    (`BatchedCalls.member`): its calls share forwards with the other runs', and while its consumer has
+    a record (at each yield) they do not wait for it (`BatchedCalls.parked`). `owner`: who holds them (the
     streaming engine, which checks before it reuses a cache that nobody else ran on them since); None: this
     call alone, and `keep` is trusted."""
     check_request(verifier, prompt, drafter, cfg)
     drafter = cfg.drafting(drafter)
-    member = verifier.member() if isinstance(verifier, BatchedCalls) else contextlib.nullcontext()
+    batched = isinstance(verifier, BatchedCalls)
+    member = verifier.member() if batched else contextlib.nullcontext()
     with hold(owner if owner is not None else Run(), verifier, drafter) as mine, member:
         if keep and owner is not None and not mine:
             raise RuntimeError(
                 "another run used this model since: its cache no longer holds the prompt's start"
             )
-        yield from _decode(verifier, prompt, drafter=drafter, cfg=cfg, keep=keep, cancel=cancel)
+        for record in _decode(verifier, prompt, drafter=drafter, cfg=cfg, keep=keep, cancel=cancel):
+            with verifier.parked() if batched else contextlib.nullcontext():  # the consumer's turn
+                yield record
 
 
 def _finish(

@@ -306,6 +306,11 @@ class BatchedCalls(Protocol):
         theirs), so they share forwards. `engine.decode` holds it for the run."""
         ...
 
+    def parked(self) -> AbstractContextManager[None]:
+        """While its run's consumer has control (`engine.decode` holds it at each yield): the others'
+        calls do not wait for its next one, so a stream nobody iterates holds nobody up."""
+        ...
+
 
 @runtime_checkable
 class Describes(Protocol):

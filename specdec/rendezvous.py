@@ -2,10 +2,12 @@
 
 A batch (`verifiers.hf_batch.HFBatch`, `verifiers.mlx_batch.MLXBatch`, `verifiers.stub_batch.StubBatch`)
 is a `Rendezvous` over one loaded verifier. While sequences are members (`member`: what `engine.decode`
-holds around a run on a sequence), a call of one (`call`) waits until every member has one waiting (or
-is late: `PATIENCE`); then the calls run, grouped so that no
-forward holds more rows than the runtime's `fits` allows, each group in one `_forward` (the runtime's
-half). A non-member's call (a sequence before its request starts, a measurement) runs at once.
+holds around a run on a sequence), a call of one (`call`) waits until every member that is working has
+one waiting; then the calls run, grouped so that no forward holds more rows than the runtime's `fits`
+allows, each group in one `_forward` (the runtime's half). A member is not waited for while its run has
+handed control to its consumer (`parked`: at every yield of `engine.decode`), so a stream nobody iterates
+never holds the others up, and no timer decides what shares a forward: who is working does. A
+non-member's call (a sequence before its request starts, a measurement) runs at once.
 
 `solo_mismatch` is the measurement every batch makes when it is built: calls of two sequences run
 together give bit for bit the logits the verifier's own path gives the same calls alone, or why not.
@@ -13,28 +15,17 @@ together give bit for bit the logits the verifier's own path gives the same call
 
 from __future__ import annotations
 
-import contextlib
-import statistics
 import threading
-import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from specdec.kernels import MAX_VERIFY_TOKENS
 
-__all__ = ["PATIENCE", "Call", "Member", "Rendezvous", "solo_mismatch", "together"]
+__all__ = ["Call", "Member", "Rendezvous", "solo_mismatch", "together"]
 
 Call = tuple[Any, list[Any]]  # (sequence, [tokens, last_only, result or None])
-
-
-#: a member is waited for until PATIENCE times its usual time between a call's return and its next call
-#: (the median of its last few) has passed since its last return, at least MIN_PATIENCE seconds, and
-#: FIRST_PATIENCE before it has made one: a run that stalls (a stream nobody iterates) holds the others
-#: up once, that long, not every step. Who waits for whom changes which calls share a forward, never what
-#: a call computes.
-PATIENCE, MIN_PATIENCE, FIRST_PATIENCE = 3.0, 0.005, 1.0
 
 
 class Rendezvous:
@@ -45,8 +36,7 @@ class Rendezvous:
         self.base = base
         self._cond = threading.Condition()
         self._members: dict[Any, int] = {}  # member -> how many times it joined (runs inside runs)
-        self._back: dict[Any, float] = {}  # member -> when its last call returned (or it joined)
-        self._think: dict[Any, deque[float]] = {}  # member -> its last times from a return to its next call
+        self._idle: set[Any] = set()  # members not waited for: parked
         self._waiting: dict[Any, list[Any]] = {}  # in arrival order: [tokens, last_only, result]
         #: how many forwards ran how many calls together (what benchmarks and tests read): a count per
         #: size, so a server that runs for weeks keeps a few integers, not one per forward
@@ -59,49 +49,46 @@ class Rendezvous:
 
     @contextmanager
     def member(self, seq: Any) -> Iterator[None]:
-        """`seq` decodes now: the others' calls wait for its next one (until it leaves, or is late by
-        `PATIENCE`). Reentrant: it leaves when the outermost block ends."""
+        """`seq` decodes now: the others' calls wait for its next one while it works (until it leaves, or
+        parks). Reentrant: it leaves when the outermost block ends."""
         with self._cond:
             self._members[seq] = self._members.get(seq, 0) + 1
-            if self._members[seq] == 1:
-                self._back[seq], self._think[seq] = time.perf_counter(), deque(maxlen=8)
         try:
             yield
         finally:
             with self._cond:
                 self._members[seq] -= 1
                 if not self._members[seq]:
-                    del self._members[seq], self._back[seq], self._think[seq]
+                    del self._members[seq]
+                    self._idle.discard(seq)
                     self._run_ready()  # the others' calls may have waited for its
+
+    @contextmanager
+    def parked(self, seq: Any) -> Iterator[None]:
+        """While `seq`'s run has handed control to its consumer (who may take a while, or never come
+        back): the others' calls do not wait for its next one."""
+        with self._cond:
+            working = seq in self._members and seq not in self._idle
+            if working:
+                self._idle.add(seq)
+                self._run_ready()  # the others' calls may have waited for its
+        try:
+            yield
+        finally:
+            if working:
+                with self._cond:
+                    self._idle.discard(seq)
 
     def call(self, seq: Any, tokens: list[int], last_only: bool) -> Any:
         """`seq`'s call, run with the other members' waiting ones: what `_forward` gave it."""
         with self._cond:
-            if seq in self._back:
-                self._think[seq].append(time.perf_counter() - self._back[seq])
             slot = self._waiting[seq] = [tokens, last_only, None]
             self._run_ready()
             while slot[2] is None:
-                late_in = self._late_in()
-                if late_in is not None and late_in <= 0:
-                    self._run_ready(force=True)  # every absent member is late: run without them
-                else:
-                    self._cond.wait(late_in)
+                self._cond.wait()
         if isinstance(slot[2], Exception):
             raise slot[2]
         return slot[2]
-
-    def _late_in(self) -> float | None:
-        """With the lock held: seconds until every member without a call waiting is late (None: none is
-        absent)."""
-        absent = [m for m in self._members if m not in self._waiting]
-        if not absent:
-            return None
-        return max(self._back[m] + self._patience(m) for m in absent) - time.perf_counter()
-
-    def _patience(self, seq: Any) -> float:
-        think = self._think[seq]
-        return max(MIN_PATIENCE, PATIENCE * statistics.median(think)) if think else FIRST_PATIENCE
 
     def refuse(self, why: str | None) -> None:
         """Raise the one-line ValueError of a batch that cannot be exact, where there is a `why`."""
@@ -117,12 +104,11 @@ class Rendezvous:
         """One forward of the group's calls: each call's result, in order."""
         raise NotImplementedError
 
-    def _run_ready(self, *, force: bool = False) -> None:
-        """With the lock held: when every member (or a non-member) has a call waiting, or `force`, run
-        the waiting calls."""
+    def _run_ready(self) -> None:
+        """With the lock held: when every working member (or a non-member) has a call waiting, run the
+        waiting calls."""
         ready = self._waiting and (
-            force
-            or self._waiting.keys() >= self._members.keys()
+            self._waiting.keys() >= self._members.keys() - self._idle
             or any(s not in self._members for s in self._waiting)
         )
         if not ready:
@@ -138,10 +124,6 @@ class Rendezvous:
             for _, slot in calls:
                 slot[2] = e if slot[2] is None else slot[2]
         finally:
-            now = time.perf_counter()
-            for seq, _ in calls:
-                if seq in self._back:
-                    self._back[seq] = now
             self._cond.notify_all()
 
     def _groups(self, calls: list[Call]) -> Iterator[list[Call]]:
@@ -173,6 +155,9 @@ class Member:
     def member(self) -> AbstractContextManager[None]:
         return self.batch.member(self)
 
+    def parked(self) -> AbstractContextManager[None]:
+        return self.batch.parked(self)
+
     def check_tree(self) -> None:
         raise ValueError(f"{self.model_name}: a sequence verified in a batch verifies chains; use a chain")
 
@@ -181,21 +166,24 @@ def together(batch: Any, seqs: list[Any], fn: Any) -> list[Any]:
     """`fn(i)` for every `seqs[i]` at once, each sequence a member of `batch`, each call on a thread of its
     own (so their calls meet): what each returned, or the exception it raised."""
     got: list[Any] = [None] * len(seqs)
+    # all join before any calls; each leaves as soon as its `fn` is done (no one waits for its next call)
+    memberships = [batch.member(seq) for seq in seqs]
 
     def run(i: int) -> None:
         try:
             got[i] = fn(i)
         except Exception as e:  # reported in its slot
             got[i] = e
+        finally:
+            memberships[i].__exit__(None, None, None)
 
-    with contextlib.ExitStack() as stack:
-        for seq in seqs:
-            stack.enter_context(batch.member(seq))
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(seqs))]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+    for m in memberships:
+        m.__enter__()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(seqs))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
     return got
 
 
