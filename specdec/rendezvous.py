@@ -36,7 +36,7 @@ class Rendezvous:
         self.base = base
         self._cond = threading.Condition()
         self._members: dict[Any, int] = {}  # member -> how many times it joined (runs inside runs)
-        self._idle: set[Any] = set()  # members not waited for: parked
+        self._parked: set[Any] = set()  # members not waited for: their consumers have control
         self._waiting: dict[Any, list[Any]] = {}  # in arrival order: [tokens, last_only, result]
         #: how many forwards ran how many calls together (what benchmarks and tests read): a count per
         #: size, so a server that runs for weeks keeps a few integers, not one per forward
@@ -51,33 +51,42 @@ class Rendezvous:
     def member(self, seq: Any) -> Iterator[None]:
         """`seq` decodes now: the others' calls wait for its next one while it works (until it leaves, or
         parks). Reentrant: it leaves when the outermost block ends."""
-        with self._cond:
-            self._members[seq] = self._members.get(seq, 0) + 1
+        self.join(seq)
         try:
             yield
         finally:
-            with self._cond:
-                self._members[seq] -= 1
-                if not self._members[seq]:
-                    del self._members[seq]
-                    self._idle.discard(seq)
-                    self._run_ready()  # the others' calls may have waited for its
+            self.leave(seq)
+
+    def join(self, seq: Any) -> None:
+        """`seq` is a member (once more, where it is one): `member`'s start, for a caller that leaves on
+        another thread (`together`)."""
+        with self._cond:
+            self._members[seq] = self._members.get(seq, 0) + 1
+
+    def leave(self, seq: Any) -> None:
+        """Undo one `join`; at the last, `seq` is no longer waited for."""
+        with self._cond:
+            self._members[seq] -= 1
+            if not self._members[seq]:
+                del self._members[seq]
+                self._parked.discard(seq)
+                self._run_ready()  # the others' calls may have waited for its
 
     @contextmanager
     def parked(self, seq: Any) -> Iterator[None]:
         """While `seq`'s run has handed control to its consumer (who may take a while, or never come
         back): the others' calls do not wait for its next one."""
         with self._cond:
-            working = seq in self._members and seq not in self._idle
+            working = seq in self._members and seq not in self._parked
             if working:
-                self._idle.add(seq)
+                self._parked.add(seq)
                 self._run_ready()  # the others' calls may have waited for its
         try:
             yield
         finally:
             if working:
                 with self._cond:
-                    self._idle.discard(seq)
+                    self._parked.discard(seq)
 
     def call(self, seq: Any, tokens: list[int], last_only: bool) -> Any:
         """`seq`'s call, run with the other members' waiting ones: what `_forward` gave it."""
@@ -108,7 +117,7 @@ class Rendezvous:
         """With the lock held: when every working member (or a non-member) has a call waiting, run the
         waiting calls."""
         ready = self._waiting and (
-            self._waiting.keys() >= self._members.keys() - self._idle
+            self._waiting.keys() >= self._members.keys() - self._parked
             or any(s not in self._members for s in self._waiting)
         )
         if not ready:
@@ -166,8 +175,6 @@ def together(batch: Any, seqs: list[Any], fn: Any) -> list[Any]:
     """`fn(i)` for every `seqs[i]` at once, each sequence a member of `batch`, each call on a thread of its
     own (so their calls meet): what each returned, or the exception it raised."""
     got: list[Any] = [None] * len(seqs)
-    # all join before any calls; each leaves as soon as its `fn` is done (no one waits for its next call)
-    memberships = [batch.member(seq) for seq in seqs]
 
     def run(i: int) -> None:
         try:
@@ -175,10 +182,10 @@ def together(batch: Any, seqs: list[Any], fn: Any) -> list[Any]:
         except Exception as e:  # reported in its slot
             got[i] = e
         finally:
-            memberships[i].__exit__(None, None, None)
+            batch.leave(seqs[i])  # as soon as its `fn` is done: no one waits for a next call of its
 
-    for m in memberships:
-        m.__enter__()
+    for seq in seqs:  # all join before any calls, so their calls meet
+        batch.join(seq)
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(seqs))]
     for th in threads:
         th.start()
